@@ -1,0 +1,92 @@
+"""`posy serve ...`: flags (each with a POSY_* environment twin) -> ServerConfig -> uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from api.config import MAX_BODY_BYTES, MAX_INPUTS, ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posy", description="Embedding and reranking server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve OpenAI embeddings and Cohere / TEI rerank APIs")
+    serve.add_argument("--model", action="append", help="model folder or hub id; repeat to serve several "
+                       "(default: the bundled all-MiniLM-L6-v2)")
+    serve.add_argument("--served-model-name", action="append", help="name(s) clients use; with several "
+                       "--model, the Nth value names the Nth model and may list aliases as a,b")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--attention-backend", default="auto")
+    serve.add_argument("--max-batch-tokens", type=int, help="tokens per forward pass (16384 on GPU, 4096 on CPU)")
+    serve.add_argument("--max-batch-seqs", type=int, default=512)
+    serve.add_argument("--max-queue-tokens", type=int, help="queued tokens before 429 (64 x max-batch-tokens)")
+    serve.add_argument("--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400")
+    serve.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
+    serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """POSY_PORT=9000 works like --port 9000; flags on the command line win."""
+    for subparser in parser._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
+        for action in subparser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            value = environ.get("POSY_" + action.dest.upper())
+            if value is None:
+                continue
+            if action.const is True:
+                subparser.set_defaults(**{action.dest: value.lower() in ("1", "true", "yes", "on")})
+            elif isinstance(action, argparse._AppendAction):
+                subparser.set_defaults(**{action.dest: [part for part in value.split(";") if part]})
+            else:
+                subparser.set_defaults(**{action.dest: action.type(value) if action.type else value})
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    models = tuple(args.model) if args.model else (None,)
+    names = tuple(tuple(part for part in value.split(",") if part) for value in args.served_model_name or ())
+    return ServerConfig(
+        models=models,
+        served_model_names=names,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_seqs=args.max_batch_seqs,
+        max_queue_tokens=args.max_queue_tokens,
+        auto_truncate=args.auto_truncate,
+        api_key=args.api_key,
+        max_inputs=args.max_inputs,
+        max_body_bytes=args.max_body_bytes,
+        log_level=args.log_level,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    apply_environment(parser, os.environ)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from api.app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""ServerConfig: what `posy serve` was asked for, resolved once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1000
+DEFAULT_MAX_CHUNKS_PER_DOC = 10
+DEFAULT_MAX_TOKENS_PER_DOC = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    # model paths or hub ids; None is the bundled all-MiniLM-L6-v2
+    models: tuple[str | None, ...] = (None,)
+    # names per model (aliases); empty: the path or hub id as given
+    served_model_names: tuple[tuple[str, ...], ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    max_batch_tokens: int | None = None
+    max_batch_seqs: int = 512
+    max_queue_tokens: int | None = None
+    auto_truncate: bool = False
+    api_key: str | None = None
+    max_inputs: int = MAX_INPUTS
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_documents: int = MAX_DOCUMENTS
+    log_level: str = "info"
+    extra: dict[str, str] = field(default_factory=dict)

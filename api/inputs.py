@@ -1,0 +1,45 @@
+"""Normalizes OpenAI's `input` union into texts or token-id lists, checked item by item."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.errors import InvalidInput
+from api.schemas.openai import EmbeddingInput
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids or [])
+
+
+def normalize_input(value: EmbeddingInput, max_inputs: int) -> Inputs:
+    if isinstance(value, str):
+        items: list = [value]
+    else:
+        items = value
+    if not items:
+        raise InvalidInput("input must not be empty", "input")
+    kinds = {type(item) for item in items}
+    if kinds == {str}:
+        inputs = Inputs(texts=items)
+        for index, text in enumerate(items):
+            if not text:
+                raise InvalidInput(f"input {index} is an empty string", "input")
+    elif kinds == {int}:
+        inputs = Inputs(token_ids=[items])
+    elif kinds == {list}:
+        inputs = Inputs(token_ids=items)
+    else:
+        raise InvalidInput(
+            "input must be a string, a list of strings, a list of token ids or a list of token-id lists, "
+            "not a mix",
+            "input",
+        )
+    if len(inputs) > max_inputs:
+        raise InvalidInput(f"input has {len(inputs)} items, more than the limit of {max_inputs}", "input")
+    return inputs

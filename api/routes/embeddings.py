@@ -1,0 +1,59 @@
+"""POST /v1/embeddings (and /embeddings): OpenAI's embeddings API."""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar import post
+
+from api.encoding import encode_vectors, truncate_dimensions
+from api.errors import InvalidInput
+from api.inputs import normalize_input
+from api.models import EMBED
+from api.prompts import select_prompt
+from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
+from api.server import Server
+
+# tokenizing more than this many characters moves off the event loop
+INLINE_TOKENIZE_CHARS = 20_000
+
+
+@post(["/v1/embeddings", "/embeddings"], status_code=200)
+async def create_embeddings(data: EmbeddingRequest, server: Server) -> EmbeddingResponse:
+    model = server.registry().get(data.model, EMBED)
+    inputs = normalize_input(data.input, server.config.max_inputs)
+    encoder = model.encoder
+    max_tokens, truncate = _truncation(data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate)
+    if inputs.texts is not None:
+        prompt = select_prompt(model.spec.prompts, data.input_type, data.prompt_name)
+        texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
+        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+            sequences = await asyncio.to_thread(encoder.encode, texts, max_tokens, truncate)
+        else:
+            sequences = encoder.encode(texts, max_tokens, truncate)
+    else:
+        sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
+    num_tokens = sum(map(len, sequences))
+    vectors = truncate_dimensions(await model.engine.run(sequences), data.dimensions)
+    server.metrics.prompt_tokens.labels(model=model.name).inc(num_tokens)
+    encoded = encode_vectors(vectors, data.encoding_format)
+    return EmbeddingResponse(
+        data=[Embedding(index=index, embedding=vector) for index, vector in enumerate(encoded)],
+        model=data.model or model.name,
+        usage=Usage(prompt_tokens=num_tokens, total_tokens=num_tokens),
+    )
+
+
+def _truncation(truncate_prompt_tokens: int | None, window: int, auto_truncate: bool) -> tuple[int, bool]:
+    """(token limit, whether to truncate to it instead of rejecting)."""
+    if truncate_prompt_tokens is None:
+        return window, auto_truncate
+    if truncate_prompt_tokens == -1:
+        return window, True
+    if not 1 <= truncate_prompt_tokens <= window:
+        raise InvalidInput(
+            f"truncate_prompt_tokens must be -1 or between 1 and the model's window of {window}, "
+            f"not {truncate_prompt_tokens}",
+            "truncate_prompt_tokens",
+        )
+    return truncate_prompt_tokens, True

@@ -1,0 +1,25 @@
+"""GET /health (liveness), /ready (weights loaded, warm, not draining) and /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+from litestar import Response, get
+
+from api.errors import NotReady
+from api.server import Server
+
+
+@get("/health", sync_to_thread=False)
+def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/ready", sync_to_thread=False)
+def ready(server: Server) -> dict[str, str]:
+    if not server.ready:
+        raise NotReady("draining" if server.draining else "loading")
+    return {"status": "ready"}
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics(server: Server) -> Response[bytes]:
+    return Response(content=server.metrics.render(), media_type=server.metrics.content_type)

@@ -1,0 +1,20 @@
+"""GET /v1/models: every served name, OpenAI's model list shape."""
+
+from __future__ import annotations
+
+from litestar import get
+
+from api.schemas.openai import Model, ModelList
+from api.server import Server
+
+
+@get(["/v1/models", "/models"])
+async def list_models(server: Server) -> ModelList:
+    registry = server.registry()
+    return ModelList(
+        data=[
+            Model(id=name, created=server.started_at, root=str(model.spec.name), max_model_len=model.spec.max_seq_length)
+            for model in registry.models
+            for name in model.names
+        ]
+    )

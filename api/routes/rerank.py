@@ -1,0 +1,110 @@
+"""POST /v1/rerank and /v2/rerank: Cohere's rerank API, both versions."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from litestar import post
+
+from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
+from api.errors import InvalidInput
+from api.models import RERANK, ServedModel
+from api.schemas.cohere import (
+    ApiVersion,
+    BilledUnits,
+    Document,
+    RerankDocument,
+    RerankMeta,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+)
+from api.server import Server
+from scoring.rerank import RerankOptions, rerank_scores
+
+INLINE_TOKENIZE_CHARS = 20_000
+
+
+@post("/v1/rerank", status_code=200)
+async def rerank_v1(data: RerankRequest, server: Server) -> RerankResponse:
+    chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
+    return await _rerank(data, server, RerankOptions(max_chunks_per_doc=chunks), version="1")
+
+
+@post("/v2/rerank", status_code=200)
+async def rerank_v2(data: RerankRequest, server: Server) -> RerankResponse:
+    max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
+    return await _rerank(data, server, RerankOptions(max_tokens_per_doc=max_tokens), version="2")
+
+
+async def _rerank(data: RerankRequest, server: Server, options: RerankOptions, version: str) -> RerankResponse:
+    model = server.registry().get(data.model, RERANK)
+    if not data.query.strip():
+        raise InvalidInput("query must not be empty", "query")
+    check_documents(data.documents, server.config.max_documents)
+    top_n = _positive(data.top_n, "top_n")
+    texts = [document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)]
+    scores = await score_texts(model, data.query, texts, options)
+    results = [
+        RerankResult(
+            index=index,
+            relevance_score=float(scores[index]),
+            document=_returned(data.documents[index]) if data.return_documents else None,
+        )
+        for index in ranking(scores, top_n)
+    ]
+    meta = RerankMeta(api_version=ApiVersion(version=version), billed_units=BilledUnits(search_units=1))
+    return RerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
+
+
+async def score_texts(model: ServedModel, query: str, texts: list[str], options: RerankOptions) -> np.ndarray:
+    encoder = model.encoder
+    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+        ids = await asyncio.to_thread(encoder.content_ids, [query, *texts])
+    else:
+        ids = encoder.content_ids([query, *texts])
+    return await rerank_scores(model.rerank_model(), ids[0], ids[1:], options)
+
+
+def ranking(scores: np.ndarray, top_n: int | None) -> list[int]:
+    """Document indexes by descending score; ties keep input order."""
+    order = np.argsort(-scores, kind="stable").tolist()
+    return order[:top_n] if top_n is not None else order
+
+
+def check_documents(documents: Sequence[object], max_documents: int, param: str = "documents") -> None:
+    if not documents:
+        raise InvalidInput(f"{param} must not be empty", param)
+    if len(documents) > max_documents:
+        raise InvalidInput(f"{param} has {len(documents)} items, more than the limit of {max_documents}", param)
+
+
+def document_text(document: Document, rank_fields: list[str] | None, index: int) -> str:
+    """A string as is; an object's `text`, or its rank_fields as "field: value" lines."""
+    if isinstance(document, str):
+        return document
+    fields = rank_fields or ["text"]
+    missing = [field for field in fields if field not in document]
+    if missing:
+        raise InvalidInput(f"document {index} has no field {', '.join(missing)}", "documents")
+    if rank_fields is None:
+        return _as_text(document["text"])
+    return "\n".join(f"{field}: {_as_text(document[field])}" for field in fields)
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def _returned(document: Document) -> RerankDocument | dict[str, Any]:
+    return RerankDocument(text=document) if isinstance(document, str) else document
+
+
+def _positive(value: int | None, param: str) -> int | None:
+    if value is not None and value < 1:
+        raise InvalidInput(f"{param} must be at least 1, not {value}", param)
+    return value

@@ -1,0 +1,67 @@
+"""Wire types of Cohere's /v1/rerank and /v2/rerank, and of text-embeddings-inference's /rerank."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+Document = Union[str, dict[str, Any]]
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """Both Cohere versions: v1 adds max_chunks_per_doc, v2 adds max_tokens_per_doc."""
+
+    query: str
+    documents: list[Document]
+    model: str | None = None
+    top_n: int | None = None
+    return_documents: bool = False
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: int | None = None
+    max_tokens_per_doc: int | None = None
+
+
+class RerankDocument(msgspec.Struct):
+    text: str
+
+
+class RerankResult(msgspec.Struct, omit_defaults=True):
+    index: int
+    relevance_score: float
+    # absent (never null) unless return_documents was asked for
+    document: RerankDocument | dict[str, Any] | None = None
+
+
+class ApiVersion(msgspec.Struct):
+    version: str
+
+
+class BilledUnits(msgspec.Struct):
+    search_units: int
+
+
+class RerankMeta(msgspec.Struct):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+
+
+class RerankResponse(msgspec.Struct):
+    id: str
+    results: list[RerankResult]
+    meta: RerankMeta
+
+
+class TeiRerankRequest(msgspec.Struct, kw_only=True):
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: str = "Right"
+
+
+class TeiRank(msgspec.Struct, omit_defaults=True):
+    index: int
+    score: float
+    text: str | None = None

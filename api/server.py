@@ -1,0 +1,90 @@
+"""Server: what the app's lifespan owns — config, metrics, the served models and readiness."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from api.config import ServerConfig
+from api.errors import NotReady
+from api.metrics import Metrics
+from api.models import ModelRegistry, ServedModel
+from api.tokenize import TextEncoder
+from engine.build import build_engine
+from engine.config import EngineConfig, QUEUE_BATCHES, default_max_batch_tokens
+from engine.device import resolve_device, resolve_dtype
+from engine.loader import ModelSpec, resolve_model
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_ALIAS = "all-MiniLM-L6-v2"
+
+
+class Server:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.metrics = Metrics()
+        self._registry: ModelRegistry | None = None
+        self.draining = False
+        self.started_at = int(time.time())
+
+    @property
+    def ready(self) -> bool:
+        return self._registry is not None and not self.draining
+
+    def registry(self) -> ModelRegistry:
+        if self._registry is None or self.draining:
+            raise NotReady("the server is not ready" if self._registry is None else "the server is shutting down")
+        return self._registry
+
+    def load(self) -> None:
+        """Resolve, load and warm up every model, then start their engines (blocking)."""
+        specs = [resolve_model(model) for model in self.config.models]
+        engine_config = self.engine_config(max(spec.max_seq_length for spec in specs))
+        logger.info(
+            "engine: device=%s dtype=%s max_batch_tokens=%d max_batch_seqs=%d max_queue_tokens=%d",
+            engine_config.device,
+            engine_config.dtype,
+            engine_config.max_batch_tokens,
+            engine_config.max_batch_seqs,
+            engine_config.max_queue_tokens,
+        )
+        served = []
+        for index, spec in enumerate(specs):
+            names = self._names(index, spec)
+            engine = build_engine(spec, engine_config, self.metrics.batch_observer(names[0]))
+            self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
+            encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
+            served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
+            logger.info("serving %s as %s (%s, window %d)", spec.path, ", ".join(names), spec.task, spec.max_seq_length)
+        self._registry = ModelRegistry(served)
+
+    def stop(self) -> None:
+        self.draining = True
+        if self._registry is not None:
+            for model in self._registry.models:
+                model.engine.stop()
+
+    def engine_config(self, max_window: int) -> EngineConfig:
+        device = resolve_device(self.config.device)
+        max_batch_tokens = self.config.max_batch_tokens or default_max_batch_tokens(device)
+        engine_config = EngineConfig(
+            device=device,
+            dtype=resolve_dtype(self.config.dtype, device),
+            attention_backend=self.config.attention_backend,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_seqs=self.config.max_batch_seqs,
+            max_queue_tokens=self.config.max_queue_tokens or QUEUE_BATCHES * max_batch_tokens,
+        )
+        engine_config.check(max_window)
+        return engine_config
+
+    def _names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
+        given = self.config.served_model_names
+        if given and len(self.config.models) == 1:
+            return tuple(name for names in given for name in names)
+        if index < len(given):
+            return given[index]
+        if self.config.models[index] is None:
+            return (spec.name, BUNDLED_ALIAS)
+        return (spec.name,)

@@ -1,0 +1,62 @@
+"""TextEncoder: batched tokenization, prompts, special-token templates and length checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from api.errors import InputTooLong, InvalidInput
+from scoring.templates import PairTemplate, SingleTemplate
+
+
+class TextEncoder:
+    def __init__(self, tokenizer_path: Path, window: int, vocab_size: int):
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.window = window
+        self.vocab_size = vocab_size
+        self.single = SingleTemplate.from_tokenizer(self.tokenizer)
+        self.pair = PairTemplate.from_tokenizer(self.tokenizer)
+
+    def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def encode(self, texts: Sequence[str], max_tokens: int | None, truncate: bool) -> list[list[int]]:
+        """Texts -> model inputs with special tokens; longer than `max_tokens` (the window when None)
+        is an InputTooLong unless `truncate`, which keeps the start and the closing specials."""
+        limit = max_tokens or self.window
+        room = limit - self.single.num_special_tokens
+        if room < 1:
+            raise InvalidInput(f"a token limit of {limit} leaves no room for text", "truncate_prompt_tokens")
+        sequences = []
+        for index, ids in enumerate(self.content_ids(texts)):
+            if len(ids) > room:
+                if not truncate:
+                    raise InputTooLong(index, len(ids) + self.single.num_special_tokens, limit)
+                ids = ids[:room]
+            sequences.append(self.single.apply(ids))
+        return sequences
+
+    def check_token_ids(
+        self, sequences: Sequence[Sequence[int]], max_tokens: int | None, truncate: bool
+    ) -> list[Sequence[int]]:
+        """Token-id inputs are taken as given: ids outside the vocabulary never reach the model."""
+        limit = max_tokens or self.window
+        checked = []
+        for index, ids in enumerate(sequences):
+            if not ids:
+                raise InvalidInput(f"input {index} is an empty list of token ids", "input")
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise InvalidInput(
+                    f"input {index} has token ids outside the vocabulary [0, {self.vocab_size})", "input"
+                )
+            if len(ids) > limit:
+                if not truncate:
+                    raise InputTooLong(index, len(ids), limit)
+                ids = ids[:limit]
+            checked.append(ids)
+        return checked

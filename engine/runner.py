@@ -1,0 +1,20 @@
+"""ModelRunner: moves a packed batch to the device and runs the model; never waits for it."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.batch import PackedBatch
+from engine.lazy import LazyTensor
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.model = model
+        self.device = device
+
+    @torch.inference_mode()
+    def step(self, batch: PackedBatch) -> LazyTensor:
+        """[num_tokens] packed ids -> LazyTensor of [num_seqs, out_dim] float32 rows."""
+        output = self.model(batch.to(self.device))
+        return LazyTensor(output.float())

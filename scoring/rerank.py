@@ -1,0 +1,72 @@
+"""rerank_scores: one score per document for a query, with a cross-encoder or an embedding model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from scoring.chunking import max_over_chunks, split_into_chunks
+from scoring.errors import QueryTooLong, TooManyChunks
+from scoring.heads import cosine_to_scores, logits_to_scores
+from scoring.templates import PairTemplate, SingleTemplate
+
+MAX_CHUNKS_PER_REQUEST = 10_000
+
+
+class SequenceRunner(Protocol):
+    async def run(
+        self, token_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int] | None] | None = None
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RerankModel:
+    engine: SequenceRunner
+    window: int
+    single: SingleTemplate
+    pair: PairTemplate
+    # True: (query, chunk) pairs through a classifier; False: cosine of separate embeddings
+    cross_encoder: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RerankOptions:
+    max_chunks_per_doc: int | None = None
+    max_tokens_per_doc: int | None = None
+    raw_scores: bool = False
+
+
+async def rerank_scores(
+    model: RerankModel, query_ids: Sequence[int], docs_ids: Sequence[Sequence[int]], options: RerankOptions
+) -> np.ndarray:
+    """Token ids without special tokens in, [num_docs] scores out (in [0, 1] unless raw)."""
+    if model.cross_encoder:
+        chunk_len = model.window - len(query_ids) - model.pair.num_special_tokens
+        if chunk_len < 1:
+            raise QueryTooLong(len(query_ids) + model.pair.num_special_tokens, model.window)
+    else:
+        chunk_len = model.window - model.single.num_special_tokens
+        if len(query_ids) > chunk_len:
+            raise QueryTooLong(len(query_ids) + model.single.num_special_tokens, model.window)
+    chunks: list[Sequence[int]] = []
+    owners: list[int] = []
+    for index, ids in enumerate(docs_ids):
+        if options.max_tokens_per_doc is not None:
+            ids = ids[: options.max_tokens_per_doc]
+        doc_chunks = split_into_chunks(ids, chunk_len, options.max_chunks_per_doc)
+        chunks.extend(doc_chunks)
+        owners.extend([index] * len(doc_chunks))
+        if len(chunks) > MAX_CHUNKS_PER_REQUEST:
+            raise TooManyChunks(len(chunks), MAX_CHUNKS_PER_REQUEST)
+    if model.cross_encoder:
+        pairs = [model.pair.apply(query_ids, chunk) for chunk in chunks]
+        logits = await model.engine.run([ids for ids, _ in pairs], [types for _, types in pairs])
+        chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
+    else:
+        sequences = [model.single.apply(query_ids), *(model.single.apply(chunk) for chunk in chunks)]
+        vectors = await model.engine.run(sequences)
+        chunk_scores = cosine_to_scores(vectors[0], vectors[1:], raw=options.raw_scores)
+    return max_over_chunks(chunk_scores, np.asarray(owners), len(docs_ids))

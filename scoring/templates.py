@@ -1,0 +1,84 @@
+"""Special-token templates read off a tokenizer: one text ([CLS] a [SEP]) or a pair ([CLS] a [SEP] b [SEP])."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    ids: tuple[int, ...] = ()
+    type_ids: tuple[int, ...] = ()
+
+
+def _pieces(tokenizer: Tokenizer, texts: tuple[str, ...]) -> tuple[list[Piece], list[int]]:
+    """Split the specials of an encoding around its texts: [before, between..., after]."""
+    encoding = tokenizer.encode(*texts, add_special_tokens=True)
+    pieces = [Piece()]
+    content_types: list[int] = []
+    previous: int | None = None
+    ids, types = [], []
+    for token, type_id, sequence in zip(encoding.ids, encoding.type_ids, encoding.sequence_ids):
+        if sequence is None:
+            ids.append(token)
+            types.append(type_id)
+            continue
+        if sequence != previous:
+            pieces[-1] = Piece(tuple(ids), tuple(types))
+            pieces.append(Piece())
+            ids, types = [], []
+            content_types.append(type_id)
+            previous = sequence
+    pieces[-1] = Piece(tuple(ids), tuple(types))
+    return pieces, content_types
+
+
+@dataclass(frozen=True, slots=True)
+class SingleTemplate:
+    prefix: Piece
+    suffix: Piece
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> SingleTemplate:
+        pieces, _ = _pieces(tokenizer, ("a",))
+        return cls(pieces[0], pieces[1])
+
+    @property
+    def num_special_tokens(self) -> int:
+        return len(self.prefix.ids) + len(self.suffix.ids)
+
+    def apply(self, ids: Sequence[int]) -> list[int]:
+        return [*self.prefix.ids, *ids, *self.suffix.ids]
+
+
+@dataclass(frozen=True, slots=True)
+class PairTemplate:
+    prefix: Piece
+    middle: Piece
+    suffix: Piece
+    first_type: int
+    second_type: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> PairTemplate:
+        pieces, content_types = _pieces(tokenizer, ("a", "b"))
+        return cls(pieces[0], pieces[1], pieces[2], content_types[0], content_types[1])
+
+    @property
+    def num_special_tokens(self) -> int:
+        return len(self.prefix.ids) + len(self.middle.ids) + len(self.suffix.ids)
+
+    def apply(self, first: Sequence[int], second: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(token ids, token type ids) of the pair."""
+        ids = [*self.prefix.ids, *first, *self.middle.ids, *second, *self.suffix.ids]
+        type_ids = [
+            *self.prefix.type_ids,
+            *[self.first_type] * len(first),
+            *self.middle.type_ids,
+            *[self.second_type] * len(second),
+            *self.suffix.type_ids,
+        ]
+        return ids, type_ids
