@@ -10,6 +10,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from engine.errors import EngineError, EngineStopped, Overloaded
+from scoring.errors import ScoringError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ def shape_of(path: str) -> ApiShape:
 def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
     if isinstance(exc, ApiError):
         return exc.status_code, exc, {}
+    if isinstance(exc, ScoringError):
+        return 400, ApiError(str(exc)), {}
     if isinstance(exc, Overloaded):
         error = ApiError(str(exc))
         error.error_type = "rate_limit_exceeded"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 
 from api.encoding import encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
@@ -19,7 +21,7 @@ INLINE_TOKENIZE_CHARS = 20_000
 
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200)
-async def create_embeddings(data: EmbeddingRequest, server: Server) -> EmbeddingResponse:
+async def create_embeddings(data: JSONBody[EmbeddingRequest], server: NamedDependency[Server]) -> EmbeddingResponse:
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
     encoder = model.encoder

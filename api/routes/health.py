@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Response, get
+from litestar.di import NamedDependency
 
 from api.errors import NotReady
 from api.server import Server
@@ -14,12 +15,12 @@ def health() -> dict[str, str]:
 
 
 @get("/ready", sync_to_thread=False)
-def ready(server: Server) -> dict[str, str]:
+def ready(server: NamedDependency[Server]) -> dict[str, str]:
     if not server.ready:
         raise NotReady("draining" if server.draining else "loading")
     return {"status": "ready"}
 
 
 @get("/metrics", sync_to_thread=False)
-def metrics(server: Server) -> Response[bytes]:
+def metrics(server: NamedDependency[Server]) -> Response[bytes]:
     return Response(content=server.metrics.render(), media_type=server.metrics.content_type)

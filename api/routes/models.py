@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from litestar import get
+from litestar.di import NamedDependency
 
 from api.schemas.openai import Model, ModelList
 from api.server import Server
 
 
 @get(["/v1/models", "/models"])
-async def list_models(server: Server) -> ModelList:
+async def list_models(server: NamedDependency[Server]) -> ModelList:
     registry = server.registry()
     return ModelList(
         data=[

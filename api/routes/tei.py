@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
@@ -14,7 +16,7 @@ from scoring.rerank import RerankOptions
 
 
 @post("/rerank", status_code=200)
-async def rerank_tei(data: TeiRerankRequest, server: Server) -> list[TeiRank]:
+async def rerank_tei(data: JSONBody[TeiRerankRequest], server: NamedDependency[Server]) -> list[TeiRank]:
     model = server.registry().get(None, RERANK)
     if not data.query.strip():
         raise InvalidInput("query must not be empty", "query")

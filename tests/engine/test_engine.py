@@ -1,0 +1,149 @@
+"""Engine with a fake runner: results reach their callers, batch N+1 launches before batch N is
+collected, a full queue is Overloaded, failures reach the caller and the engine keeps serving."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from engine.batch import PackedBatch
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import EngineError, Overloaded
+
+
+class FakeResult:
+    def __init__(self, rows: np.ndarray, log: list, step: int):
+        self.rows, self.log, self.step = rows, log, step
+
+    def result(self) -> np.ndarray:
+        self.log.append(("result", self.step))
+        return self.rows
+
+
+class FakeRunner:
+    """Each output row is (sum of the sequence's ids, its length)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, gate: threading.Event | None = None, fail_on: int | None = None):
+        self.log: list = []
+        self.gate = gate
+        self.fail_on = fail_on
+        self.num_steps = 0
+
+    def step(self, batch: PackedBatch) -> FakeResult:
+        if self.gate is not None:
+            self.gate.wait(10)
+        step = self.num_steps
+        self.num_steps += 1
+        self.log.append(("step", step))
+        if self.fail_on is not None and batch.input_ids.tolist().count(self.fail_on):
+            raise RuntimeError("poisoned batch")
+        cu = batch.cu_seqlens.tolist()
+        ids = batch.input_ids.tolist()
+        rows = np.array([[sum(ids[a:b]), b - a] for a, b in zip(cu, cu[1:])], dtype=np.float32)
+        return FakeResult(rows, self.log, step)
+
+
+def make_engine(runner, **limits) -> Engine:
+    engine = Engine(runner, EngineConfig(**{"max_batch_tokens": 64, "max_queue_tokens": 4096, **limits}))
+    engine.start()
+    return engine
+
+
+def test_concurrent_requests_each_get_their_own_rows():
+    engine = make_engine(FakeRunner())
+
+    async def main():
+        requests = [[[i, j + 1] for j in range(i % 5 + 1)] for i in range(48)]
+        results = await asyncio.gather(*(engine.run(request) for request in requests))
+        for request, rows in zip(requests, results):
+            assert rows.tolist() == [[float(sum(ids)), float(len(ids))] for ids in request]
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+
+
+def test_next_batch_launches_before_the_previous_one_is_collected():
+    gate = threading.Event()
+    runner = FakeRunner(gate)
+    engine = make_engine(runner, max_batch_tokens=4)
+
+    async def main():
+        # four 4-token sequences queued at once make four batches
+        task = asyncio.ensure_future(engine.run([[1, 1, 1, 1]] * 4))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await task
+
+    try:
+        rows = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert rows[:, 0].tolist() == [4.0] * 4
+    order = runner.log
+    for step in range(1, 4):
+        assert order.index(("step", step)) < order.index(("result", step - 1))
+
+
+def test_full_queue_is_overloaded_and_serving_resumes():
+    gate = threading.Event()
+    engine = make_engine(FakeRunner(gate), max_batch_tokens=8, max_queue_tokens=8)
+
+    async def main():
+        first = asyncio.ensure_future(engine.run([[1] * 8]))
+        await asyncio.sleep(0.05)  # the worker holds `first` in step(); queue empty
+        second = asyncio.ensure_future(engine.run([[1] * 8]))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded):
+            await engine.run([[1] * 4])
+        gate.set()
+        assert (await first)[0, 0] == 8 and (await second)[0, 0] == 8
+        assert (await engine.run([[2, 2]]))[0, 0] == 4
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+
+
+def test_a_failing_step_fails_its_callers_only():
+    engine = make_engine(FakeRunner(fail_on=13), max_batch_tokens=4)
+
+    async def main():
+        with pytest.raises(EngineError):
+            await engine.run([[13, 13, 13]])
+        assert (await engine.run([[1, 2]]))[0, 0] == 3
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+
+
+def test_cancelled_request_is_dropped_before_it_runs():
+    gate = threading.Event()
+    runner = FakeRunner(gate)
+    engine = make_engine(runner, max_batch_tokens=4)
+
+    async def main():
+        first = asyncio.ensure_future(engine.run([[1, 1, 1, 1]]))
+        await asyncio.sleep(0.05)
+        doomed = asyncio.ensure_future(engine.run([[7, 7, 7, 7]]))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        await asyncio.sleep(0.01)
+        gate.set()
+        await first
+        assert (await engine.run([[5]]))[0, 0] == 5
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+    assert runner.num_steps == 2

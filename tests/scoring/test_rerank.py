@@ -1,0 +1,96 @@
+"""Chunking, score heads and rerank_scores over a fake engine."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from scoring.chunking import max_over_chunks, split_into_chunks
+from scoring.errors import QueryTooLong, TooManyChunks
+from scoring.heads import cosine_to_scores, logits_to_scores
+from scoring.rerank import RerankModel, RerankOptions, rerank_scores
+from scoring.templates import Piece, PairTemplate, SingleTemplate
+
+CLS, SEP = 101, 102
+SINGLE = SingleTemplate(Piece((CLS,), (0,)), Piece((SEP,), (0,)))
+PAIR = PairTemplate(Piece((CLS,), (0,)), Piece((SEP,), (0,)), Piece((SEP,), (1,)), 0, 1)
+
+
+def test_split_into_chunks():
+    assert split_into_chunks(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert split_into_chunks(list(range(7)), 3, max_chunks=2) == [[0, 1, 2], [3, 4, 5]]
+    assert split_into_chunks([], 3) == [[]]
+
+
+def test_max_over_chunks():
+    scores = max_over_chunks(np.array([0.1, 0.9, 0.3, 0.2]), np.array([0, 0, 1, 2]), 3)
+    assert scores.tolist() == pytest.approx([0.9, 0.3, 0.2])
+
+
+def test_logit_heads():
+    assert logits_to_scores(np.array([[0.0], [2.0]])).tolist() == pytest.approx([0.5, 1 / (1 + np.exp(-2))])
+    two = np.array([[1.0, 3.0]])
+    softmax = np.exp(two) / np.exp(two).sum()
+    assert logits_to_scores(two)[0] == pytest.approx(softmax[0, 1])
+    assert logits_to_scores(np.array([[2.5]]), raw=True)[0] == 2.5
+
+
+def test_cosine_head_maps_to_unit_interval():
+    query = np.array([1.0, 0.0])
+    scores = cosine_to_scores(query, np.array([[2.0, 0.0], [-1.0, 0.0], [0.0, 3.0]]))
+    assert scores.tolist() == pytest.approx([1.0, 0.0, 0.5])
+
+
+class KeywordEmbedder:
+    """Fake embedding engine: a sequence's vector says whether token 7 (the 'relevant' word) is in it."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def run(self, token_ids, token_type_ids=None):
+        self.calls.append([list(ids) for ids in token_ids])
+        return np.array([[1.0, 0.0] if 7 in ids else [0.0, 1.0] for ids in token_ids], dtype=np.float32)
+
+
+class PairCounter:
+    """Fake cross-encoder: one logit = number of query tokens (type 0 content) found in the document part."""
+
+    async def run(self, token_ids, token_type_ids=None):
+        logits = []
+        for ids, types in zip(token_ids, token_type_ids):
+            query = {t for t, k in zip(ids, types) if k == 0 and t not in (CLS, SEP)}
+            doc = [t for t, k in zip(ids, types) if k == 1 and t != SEP]
+            assert len(ids) <= 16
+            logits.append([float(sum(t in query for t in doc))])
+        return np.array(logits, dtype=np.float32)
+
+
+def test_embedding_rerank_finds_the_relevant_passage_at_the_end_of_a_long_document():
+    engine = KeywordEmbedder()
+    model = RerankModel(engine, window=10, single=SINGLE, pair=PAIR, cross_encoder=False)
+    long_doc = [1] * 40 + [7]
+    scores = asyncio.run(rerank_scores(model, [7], [[2, 3], long_doc, [4]], RerankOptions()))
+    assert int(np.argmax(scores)) == 1 and scores[1] == pytest.approx(1.0)
+    # every sequence sent fits the window with its specials
+    assert max(len(ids) for ids in engine.calls[0]) <= 10
+
+
+def test_cross_encoder_chunks_leave_room_for_the_query_and_specials():
+    model = RerankModel(PairCounter(), window=16, single=SINGLE, pair=PAIR, cross_encoder=True)
+    query = [7, 8, 9]
+    docs = [[1] * 30 + [7, 8], [9], [5] * 3]
+    scores = asyncio.run(rerank_scores(model, query, docs, RerankOptions(raw_scores=True)))
+    assert scores.tolist() == [2.0, 1.0, 0.0]
+    # max_chunks_per_doc drops the tail chunk where the match sits
+    limited = asyncio.run(rerank_scores(model, query, docs, RerankOptions(max_chunks_per_doc=2, raw_scores=True)))
+    assert limited.tolist() == [0.0, 1.0, 0.0]
+    truncated = asyncio.run(rerank_scores(model, query, docs, RerankOptions(max_tokens_per_doc=10, raw_scores=True)))
+    assert truncated[0] == 0.0
+
+
+def test_query_leaving_no_room_and_too_many_chunks_are_errors():
+    model = RerankModel(PairCounter(), window=16, single=SINGLE, pair=PAIR, cross_encoder=True)
+    with pytest.raises(QueryTooLong):
+        asyncio.run(rerank_scores(model, [1] * 13, [[2]], RerankOptions()))
+    with pytest.raises(TooManyChunks):
+        asyncio.run(rerank_scores(model, [1], [[2] * 12 * 10_001], RerankOptions()))
