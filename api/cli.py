@@ -83,8 +83,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.server import Server
+    from engine.errors import EngineError
 
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    server = Server(config)
+    try:
+        server.resolve()
+    except (EngineError, ValueError) as error:
+        print(f"posy: cannot serve: {error}", file=sys.stderr)
+        return 2
+    app = create_app(config, server)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
     return 0
 
 

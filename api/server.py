@@ -25,6 +25,7 @@ class Server:
         self.config = config
         self.metrics = Metrics()
         self._registry: ModelRegistry | None = None
+        self._specs: list[ModelSpec] | None = None
         self.draining = False
         self.started_at = int(time.time())
 
@@ -37,9 +38,17 @@ class Server:
             raise NotReady("the server is not ready" if self._registry is None else "the server is shutting down")
         return self._registry
 
+    def resolve(self) -> list[ModelSpec]:
+        """Find every model's files and read its configs (fast; fails early on a bad --model)."""
+        if self._specs is None:
+            specs = [resolve_model(model) for model in self.config.models]
+            self.engine_config(max(spec.max_seq_length for spec in specs))
+            self._specs = specs
+        return self._specs
+
     def load(self) -> None:
-        """Resolve, load and warm up every model, then start their engines (blocking)."""
-        specs = [resolve_model(model) for model in self.config.models]
+        """Load and warm up every model, then start their engines (blocking)."""
+        specs = self.resolve()
         engine_config = self.engine_config(max(spec.max_seq_length for spec in specs))
         logger.info(
             "engine: device=%s dtype=%s max_batch_tokens=%d max_batch_seqs=%d max_queue_tokens=%d",

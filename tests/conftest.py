@@ -18,3 +18,28 @@ def minilm_tokenizer(minilm_path: Path) -> Tokenizer:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
+
+
+def build_cross_encoder(minilm: Path, folder: Path, num_labels: int = 1, seed: int = 0) -> Path:
+    """A BertForSequenceClassification made of the MiniLM encoder (under "bert.") and a seeded head."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((minilm / "config.json").read_text())
+    config.update(architectures=["BertForSequenceClassification"], num_labels=num_labels)
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+    config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    tensors = {f"bert.{name}": tensor for name, tensor in load_file(str(minilm / "model.safetensors")).items()}
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config["hidden_size"]
+    tensors["classifier.weight"] = torch.randn(num_labels, hidden, generator=generator) * 0.2
+    tensors["classifier.bias"] = torch.randn(num_labels, generator=generator) * 0.1
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(folder / "model.safetensors"))
+    return folder

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from litestar import post
+from litestar import Request, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
 
 from api.encoding import encode_vectors, truncate_dimensions
+from api.body import decode_body
 from api.errors import InvalidInput
 from api.inputs import normalize_input
 from api.models import EMBED
@@ -21,7 +21,8 @@ INLINE_TOKENIZE_CHARS = 20_000
 
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200)
-async def create_embeddings(data: JSONBody[EmbeddingRequest], server: NamedDependency[Server]) -> EmbeddingResponse:
+async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EmbeddingResponse:
+    data = await decode_body(request, EmbeddingRequest)
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
     encoder = model.encoder

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from litestar import post
+from litestar import Request, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
 
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
+from api.body import decode_body
 from api.errors import InvalidInput
 from api.models import RERANK, ServedModel
 from api.schemas.cohere import (
@@ -32,13 +32,15 @@ INLINE_TOKENIZE_CHARS = 20_000
 
 
 @post("/v1/rerank", status_code=200)
-async def rerank_v1(data: JSONBody[RerankRequest], server: NamedDependency[Server]) -> RerankResponse:
+async def rerank_v1(request: Request, server: NamedDependency[Server]) -> RerankResponse:
+    data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
     return await _rerank(data, server, RerankOptions(max_chunks_per_doc=chunks), version="1")
 
 
 @post("/v2/rerank", status_code=200)
-async def rerank_v2(data: JSONBody[RerankRequest], server: NamedDependency[Server]) -> RerankResponse:
+async def rerank_v2(request: Request, server: NamedDependency[Server]) -> RerankResponse:
+    data = await decode_body(request, RerankRequest)
     max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
     return await _rerank(data, server, RerankOptions(max_tokens_per_doc=max_tokens), version="2")
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from litestar import post
+from litestar import Request, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
 
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
+from api.body import decode_body
 from api.errors import InvalidInput
 from api.models import RERANK
 from api.routes.rerank import check_documents, ranking, score_texts
@@ -16,7 +16,8 @@ from scoring.rerank import RerankOptions
 
 
 @post("/rerank", status_code=200)
-async def rerank_tei(data: JSONBody[TeiRerankRequest], server: NamedDependency[Server]) -> list[TeiRank]:
+async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[TeiRank]:
+    data = await decode_body(request, TeiRerankRequest)
     model = server.registry().get(None, RERANK)
     if not data.query.strip():
         raise InvalidInput("query must not be empty", "query")

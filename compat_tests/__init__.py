@@ -1,0 +1,1 @@
+"""Compatibility tests: the real openai and cohere SDKs and plain HTTP against a live `posy serve`."""

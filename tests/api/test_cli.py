@@ -1,0 +1,95 @@
+"""`posy serve` flags and their POSY_* twins; serving a hub id from an offline HF cache."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from api.cli import apply_environment, build_parser, config_from_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse(argv, environ=None):
+    parser = build_parser()
+    apply_environment(parser, environ or {})
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_defaults_serve_the_bundled_model():
+    config = parse(["serve"])
+    assert config.models == (None,) and config.port == 8000 and not config.auto_truncate
+
+
+def test_flags_and_aliases():
+    config = parse(
+        ["serve", "--model", "a", "--model", "b", "--served-model-name", "x,y", "--served-model-name", "z",
+         "--auto-truncate", "--max-batch-tokens", "8192", "--api-key", "k"]
+    )
+    assert config.models == ("a", "b")
+    assert config.served_model_names == (("x", "y"), ("z",))
+    assert config.auto_truncate and config.max_batch_tokens == 8192 and config.api_key == "k"
+
+
+def test_environment_twins_and_command_line_precedence():
+    environ = {"POSY_PORT": "9001", "POSY_AUTO_TRUNCATE": "true", "POSY_MODEL": "m1;m2", "POSY_API_KEY": "env"}
+    config = parse(["serve", "--api-key", "flag"], environ)
+    assert config.port == 9001 and config.auto_truncate and config.models == ("m1", "m2")
+    assert config.api_key == "flag"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_hub_cache(root: Path, repo_id: str, source: Path) -> None:
+    """The layout huggingface_hub reads offline: models--org--name/{refs/main, snapshots/<commit>/...}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    shutil.copytree(source, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_serve_a_hub_id_from_the_offline_cache(tmp_path, minilm_path):
+    build_hub_cache(tmp_path / "hub", "posy-test/minilm", minilm_path)
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "api", "serve", "--model", "posy-test/minilm", "--port", str(port)]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"server exited: {process.stdout.read().decode()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        models = httpx.get(f"{base}/v1/models").json()["data"]
+        assert [model["id"] for model in models] == ["posy-test/minilm"]
+        response = httpx.post(f"{base}/v1/embeddings", json={"model": "posy-test/minilm", "input": "hello"})
+        vector = np.asarray(response.json()["data"][0]["embedding"])
+        assert vector.shape == (384,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_an_unknown_hub_id_offline_fails_to_start(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "HF_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "api", "serve", "--model", "nobody/nothing", "--port", str(free_port())]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "nobody/nothing" in result.stderr + result.stdout
