@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.lazy import LazyTensor
 
@@ -15,6 +16,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """[num_tokens] packed ids -> LazyTensor of [num_seqs, out_dim] float32 rows."""
-        output = self.model(batch.to(self.device))
+        """[num_tokens] packed host ids -> LazyTensor of [num_seqs, out_dim] float32 rows."""
+        # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
+        meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen).to(self.device)
+        output = self.model(batch.to(self.device), meta)
         return LazyTensor(output.float())

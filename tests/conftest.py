@@ -43,3 +43,15 @@ def build_cross_encoder(minilm: Path, folder: Path, num_labels: int = 1, seed: i
     tensors["classifier.bias"] = torch.randn(num_labels, generator=generator) * 0.1
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where CUDA is."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

