@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from api.config import MAX_BODY_BYTES, MAX_INPUTS, ServerConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `posy` parser and its `serve` subcommand."""
     parser = argparse.ArgumentParser(prog="posy", description="Embedding and reranking server")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve OpenAI embeddings and Cohere / TEI rerank APIs")
@@ -32,24 +33,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser
+    return parser, serve
 
 
-def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """POSY_PORT=9000 works like --port 9000; flags on the command line win."""
-    for subparser in parser._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
-        for action in subparser._actions:
-            if not action.option_strings or action.dest == "help":
-                continue
-            value = environ.get("POSY_" + action.dest.upper())
-            if value is None:
-                continue
-            if action.const is True:
-                subparser.set_defaults(**{action.dest: value.lower() in ("1", "true", "yes", "on")})
-            elif isinstance(action, argparse._AppendAction):
-                subparser.set_defaults(**{action.dest: [part for part in value.split(";") if part]})
-            else:
-                subparser.set_defaults(**{action.dest: action.type(value) if action.type else value})
+def apply_environment(command: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """POSY_PORT=9000 works like --port 9000 (repeated flags: ;-separated); the command line wins."""
+    defaults: dict[str, object] = {}
+    for action in command._actions:
+        value = environ.get("POSY_" + action.dest.upper())
+        if value is None or not action.option_strings or action.dest == "help":
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            defaults[action.dest] = value.lower() in ("1", "true", "yes", "on")
+        elif isinstance(action, argparse._AppendAction):
+            defaults[action.dest] = [part for part in value.split(";") if part]
+        else:
+            defaults[action.dest] = action.type(value) if action.type else value
+    command.set_defaults(**defaults)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -75,8 +75,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    apply_environment(parser, os.environ)
+    parser, serve = build_parser()
+    apply_environment(serve, os.environ)
     args = parser.parse_args(argv)
     config = config_from_args(args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

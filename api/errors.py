@@ -7,7 +7,7 @@ import logging
 from enum import Enum
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException
 
 from engine.errors import EngineError, EngineStopped, Overloaded
 from scoring.errors import ScoringError
@@ -19,10 +19,12 @@ class ApiError(Exception):
     status_code = 400
     error_type = "invalid_request_error"
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, error_type: str | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        if error_type is not None:
+            self.error_type = error_type
 
 
 class InvalidInput(ApiError):
@@ -68,7 +70,7 @@ class ApiShape(Enum):
 
 
 def shape_of(path: str) -> ApiShape:
-    if path in ("/rerank", "/embed", "/predict") or path.startswith("/tei"):
+    if path == "/rerank":
         return ApiShape.TEI
     if path.startswith(("/v1/rerank", "/v2/")):
         return ApiShape.COHERE
@@ -81,35 +83,17 @@ def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
     if isinstance(exc, ScoringError):
         return 400, ApiError(str(exc)), {}
     if isinstance(exc, Overloaded):
-        error = ApiError(str(exc))
-        error.error_type = "rate_limit_exceeded"
-        return 429, error, {"Retry-After": str(exc.retry_after_s)}
+        return 429, ApiError(str(exc), error_type="rate_limit_exceeded"), {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, EngineStopped):
-        error = ApiError(str(exc))
-        error.error_type = "service_unavailable"
-        return 503, error, {}
+        return 503, ApiError(str(exc), error_type="service_unavailable"), {}
     if isinstance(exc, EngineError):
         logger.error("engine error: %s", exc)
-        error = ApiError("the model failed on this request")
-        error.error_type = "server_error"
-        return 500, error, {}
-    if isinstance(exc, ValidationException):
-        return 400, ApiError(_validation_message(exc)), {}
+        return 500, ApiError("the model failed on this request", error_type="server_error"), {}
     if isinstance(exc, HTTPException):
-        error = ApiError(exc.detail)
-        if exc.status_code == 413:
-            error.message = "the request body is too large"
-        return exc.status_code, error, dict(exc.headers or {})
+        message = "the request body is too large" if exc.status_code == 413 else exc.detail
+        return exc.status_code, ApiError(message), dict(exc.headers or {})
     logger.exception("unhandled error", exc_info=exc)
-    error = ApiError("internal server error")
-    error.error_type = "server_error"
-    return 500, error, {}
-
-
-def _validation_message(exc: ValidationException) -> str:
-    extra = exc.extra if isinstance(exc.extra, list) else []
-    details = "; ".join(str(item.get("message", item)) if isinstance(item, dict) else str(item) for item in extra)
-    return f"invalid request: {details}" if details else "invalid request body"
+    return 500, ApiError("internal server error", error_type="server_error"), {}
 
 
 def error_response(request: Request, exc: Exception) -> Response:

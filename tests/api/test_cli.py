@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def parse(argv, environ=None):
-    parser = build_parser()
-    apply_environment(parser, environ or {})
+    parser, serve = build_parser()
+    apply_environment(serve, environ or {})
     return config_from_args(parser.parse_args(argv))
 
 
