@@ -11,7 +11,7 @@ from api.metrics import Metrics
 from api.models import ModelRegistry, ServedModel
 from api.tokenize import TextEncoder
 from engine.build import build_engine
-from engine.config import EngineConfig, QUEUE_BATCHES, default_max_batch_tokens
+from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
 from engine.device import resolve_device, resolve_dtype
 from engine.loader import ModelSpec, resolve_model
 

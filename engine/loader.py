@@ -63,7 +63,7 @@ def resolve_model(path_or_id: str | None) -> ModelSpec:
 def download(repo_id: str) -> Path:
     """Fetch a hub snapshot (or find it in the HF cache; HF_HUB_OFFLINE is honoured)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))

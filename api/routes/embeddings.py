@@ -7,8 +7,8 @@ import asyncio
 from litestar import Request, post
 from litestar.di import NamedDependency
 
-from api.encoding import encode_vectors, truncate_dimensions
 from api.body import decode_body
+from api.encoding import encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
 from api.inputs import normalize_input
 from api.models import EMBED

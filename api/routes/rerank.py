@@ -11,8 +11,8 @@ import numpy as np
 from litestar import Request, post
 from litestar.di import NamedDependency
 
-from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.body import decode_body
+from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.models import RERANK, ServedModel
 from api.schemas.cohere import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from litestar import Request, post
 from litestar.di import NamedDependency
 
-from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.body import decode_body
+from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
 from api.models import RERANK
 from api.routes.rerank import check_documents, ranking, score_texts

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
-Document = Union[str, dict[str, Any]]
+Document = str | dict[str, Any]
 
 
 class RerankRequest(msgspec.Struct, kw_only=True):

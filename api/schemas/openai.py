@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
 # msgspec allows one array type per union: the route checks that list items are of one kind
-EmbeddingInput = Union[str, list[Union[str, int, list[int]]]]
+EmbeddingInput = str | list[str | int | list[int]]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):

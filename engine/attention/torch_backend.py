@@ -36,7 +36,7 @@ class TorchAttention:
         window: Window | None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
-        num_tokens, num_heads, head_dim = q.shape
+        _, num_heads, head_dim = q.shape
         if k.shape[1] != num_heads:
             k = k.repeat_interleave(num_heads // k.shape[1], dim=1)
             v = v.repeat_interleave(num_heads // v.shape[1], dim=1)

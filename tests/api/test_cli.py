@@ -90,6 +90,13 @@ def test_serve_a_hub_id_from_the_offline_cache(tmp_path, minilm_path):
 def test_an_unknown_hub_id_offline_fails_to_start(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "HF_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "api", "serve", "--model", "nobody/nothing", "--port", str(free_port())]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0
     assert "nobody/nothing" in result.stderr + result.stdout
+
+
+def test_a_batch_budget_below_the_model_window_fails_at_start_up():
+    from api.server import Server
+
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Server(parse(["serve", "--max-batch-tokens", "100"])).resolve()

@@ -2,6 +2,7 @@
 collected, a full queue is Overloaded, failures reach the caller and the engine keeps serving."""
 
 import asyncio
+import itertools
 import threading
 
 import numpy as np
@@ -44,7 +45,7 @@ class FakeRunner:
             raise RuntimeError("poisoned batch")
         cu = batch.cu_seqlens.tolist()
         ids = batch.input_ids.tolist()
-        rows = np.array([[sum(ids[a:b]), b - a] for a, b in zip(cu, cu[1:])], dtype=np.float32)
+        rows = np.array([[sum(ids[a:b]), b - a] for a, b in itertools.pairwise(cu)], dtype=np.float32)
         return FakeResult(rows, self.log, step)
 
 

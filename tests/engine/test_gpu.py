@@ -19,7 +19,7 @@ from engine.loader import load_model, resolve_model
 pytestmark = pytest.mark.gpu
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(995)]
-MINILM_SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+MINILM_SHAPE = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
 
 
 def save_random_bert(folder, architecture="BertModel", num_labels=1):

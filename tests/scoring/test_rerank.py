@@ -9,7 +9,7 @@ from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores
 from scoring.rerank import RerankModel, RerankOptions, rerank_scores
-from scoring.templates import Piece, PairTemplate, SingleTemplate
+from scoring.templates import PairTemplate, Piece, SingleTemplate
 
 CLS, SEP = 101, 102
 SINGLE = SingleTemplate(Piece((CLS,), (0,)), Piece((SEP,), (0,)))
