@@ -1,0 +1,1 @@
+"""posy's benchmark suites: `python -m benchmarks SUITE` records, `python -m benchmarks render` renders."""
