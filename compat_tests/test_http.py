@@ -10,8 +10,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .contract import (
-    DIM, MAX_BODY_BYTES, MODEL, SAME_VECTOR, WINDOW, assert_cohere_error, assert_openai_error,
-    assert_tei_error, cosine, words,
+    DIM,
+    MAX_BODY_BYTES,
+    MODEL,
+    SAME_VECTOR,
+    WINDOW,
+    assert_cohere_error,
+    assert_openai_error,
+    assert_tei_error,
+    cosine,
+    words,
 )
 
 QUERY = "What is the capital of France?"

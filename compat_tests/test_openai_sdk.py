@@ -9,7 +9,16 @@ import openai
 import pytest
 
 from .contract import (
-    DIM, MAX_INPUTS, MODEL, MODEL_ALIAS, SAME_VECTOR, VOCAB_SIZE, WINDOW, cosine, decode_base64, words,
+    DIM,
+    MAX_INPUTS,
+    MODEL,
+    MODEL_ALIAS,
+    SAME_VECTOR,
+    VOCAB_SIZE,
+    WINDOW,
+    cosine,
+    decode_base64,
+    words,
 )
 
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell today."]
