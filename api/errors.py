@@ -9,7 +9,7 @@ from enum import Enum
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from engine.errors import EngineError, EngineStopped, Overloaded
+from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from scoring.errors import ScoringError
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def shape_of(path: str) -> ApiShape:
 def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
     if isinstance(exc, ApiError):
         return exc.status_code, exc, {}
-    if isinstance(exc, ScoringError):
+    if isinstance(exc, (ScoringError, SequenceTooLong)):
         return 400, ApiError(str(exc)), {}
     if isinstance(exc, Overloaded):
         return 429, ApiError(str(exc), error_type="rate_limit_exceeded"), {"Retry-After": str(exc.retry_after_s)}

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.batch import pack
 from engine.config import EngineConfig
-from engine.errors import EngineError, EngineStopped
+from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledSequence, Scheduler
@@ -94,6 +94,12 @@ class Engine:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
         if self._thread is None or not self._thread.is_alive():
             raise EngineStopped("the engine is not running")
+        # checked here, before queueing, so that one bad sequence never fails a whole batch
+        if not token_ids or min(map(len, token_ids)) == 0:
+            raise ValueError("the engine needs at least one sequence and no empty sequence")
+        longest = max(map(len, token_ids))
+        if longest > self.config.max_batch_tokens:
+            raise SequenceTooLong(f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})")
         request = _Request(len(token_ids), asyncio.get_running_loop())
         sequences = [
             ScheduledSequence(

@@ -12,7 +12,7 @@ import torch
 from engine.batch import PackedBatch
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import EngineError, Overloaded
+from engine.errors import EngineError, Overloaded, SequenceTooLong
 
 
 class FakeResult:
@@ -148,3 +148,21 @@ def test_cancelled_request_is_dropped_before_it_runs():
     finally:
         engine.stop()
     assert runner.num_steps == 2
+
+
+def test_bad_sequences_are_refused_before_they_reach_a_batch():
+    engine = make_engine(FakeRunner(), max_batch_tokens=8)
+
+    async def main():
+        with pytest.raises(ValueError):
+            await engine.run([[1, 2], []])
+        with pytest.raises(ValueError):
+            await engine.run([])
+        with pytest.raises(SequenceTooLong):
+            await engine.run([[1] * 9])
+        assert (await engine.run([[1] * 8]))[0, 0] == 8
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
