@@ -59,7 +59,16 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
         )
 
     return Litestar(
-        route_handlers=[create_embeddings, list_models, rerank_v1, rerank_v2, rerank_tei, health, ready, metrics],
+        route_handlers=[
+            create_embeddings,
+            list_models,
+            rerank_v1,
+            rerank_v2,
+            rerank_tei,
+            health,
+            ready,
+            metrics,
+        ],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         exception_handlers={Exception: error_response},
         before_request=before_request,

@@ -16,19 +16,32 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(prog="posy", description="Embedding and reranking server")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve OpenAI embeddings and Cohere / TEI rerank APIs")
-    serve.add_argument("--model", action="append", help="model folder or hub id; repeat to serve several "
-                       "(default: the bundled all-MiniLM-L6-v2)")
-    serve.add_argument("--served-model-name", action="append", help="name(s) clients use; with several "
-                       "--model, the Nth value names the Nth model and may list aliases as a,b")
+    serve.add_argument(
+        "--model",
+        action="append",
+        help="model folder or hub id; repeat to serve several (default: the bundled all-MiniLM-L6-v2)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        action="append",
+        help="name(s) clients use; with several "
+        "--model, the Nth value names the Nth model and may list aliases as a,b",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--attention-backend", default="auto")
-    serve.add_argument("--max-batch-tokens", type=int, help="tokens per forward pass (16384 on GPU, 4096 on CPU)")
+    serve.add_argument(
+        "--max-batch-tokens", type=int, help="tokens per forward pass (16384 on GPU, 4096 on CPU)"
+    )
     serve.add_argument("--max-batch-seqs", type=int, default=512)
-    serve.add_argument("--max-queue-tokens", type=int, help="queued tokens before 429 (64 x max-batch-tokens)")
-    serve.add_argument("--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400")
+    serve.add_argument(
+        "--max-queue-tokens", type=int, help="queued tokens before 429 (64 x max-batch-tokens)"
+    )
+    serve.add_argument(
+        "--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400"
+    )
     serve.add_argument("--api-key", help="require Authorization: Bearer KEY")
     serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
@@ -79,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_environment(serve, os.environ)
     args = parser.parse_args(argv)
     config = config_from_args(args)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     import uvicorn
 
     from api.app import create_app

@@ -83,7 +83,11 @@ def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
     if isinstance(exc, (ScoringError, SequenceTooLong)):
         return 400, ApiError(str(exc)), {}
     if isinstance(exc, Overloaded):
-        return 429, ApiError(str(exc), error_type="rate_limit_exceeded"), {"Retry-After": str(exc.retry_after_s)}
+        return (
+            429,
+            ApiError(str(exc), error_type="rate_limit_exceeded"),
+            {"Retry-After": str(exc.retry_after_s)},
+        )
     if isinstance(exc, EngineStopped):
         return 503, ApiError(str(exc), error_type="service_unavailable"), {}
     if isinstance(exc, EngineError):
@@ -105,8 +109,17 @@ def error_response(request: Request, exc: Exception) -> Response:
         # TEI answers invalid input with 422 and names the kind of error
         if status == 400:
             status = 422
-        tei_type = {413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy"}.get(status, "Backend")
+        tei_type = {413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy"}.get(
+            status, "Backend"
+        )
         body = {"error": error.message, "error_type": tei_type}
     else:
-        body = {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": status}}
+        body = {
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "param": error.param,
+                "code": status,
+            }
+        }
     return Response(content=body, status_code=status, headers=headers, media_type="application/json")

@@ -29,7 +29,11 @@ class Metrics:
             "posy_queued_tokens", "tokens waiting in the engine queue", ["model"], registry=self.registry
         )
         self.batch_tokens = Histogram(
-            "posy_batch_tokens", "tokens per engine batch", ["model"], buckets=TOKEN_BUCKETS, registry=self.registry
+            "posy_batch_tokens",
+            "tokens per engine batch",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
         )
         self.batch_sequences = Histogram(
             "posy_batch_sequences",

@@ -22,12 +22,16 @@ def select_prompt(prompts: Mapping[str, str], input_type: str | None, prompt_nam
     if prompt_name is not None:
         if prompt_name not in prompts:
             known = ", ".join(prompts) or "none"
-            raise InvalidInput(f"unknown prompt_name '{prompt_name}'; this model's prompts: {known}", "prompt_name")
+            raise InvalidInput(
+                f"unknown prompt_name '{prompt_name}'; this model's prompts: {known}", "prompt_name"
+            )
         return prompts[prompt_name]
     if input_type is None:
         return ""
     if input_type not in INPUT_TYPES:
-        raise InvalidInput(f"unknown input_type '{input_type}'; use one of {', '.join(INPUT_TYPES)}", "input_type")
+        raise InvalidInput(
+            f"unknown input_type '{input_type}'; use one of {', '.join(INPUT_TYPES)}", "input_type"
+        )
     for name in INPUT_TYPES[input_type]:
         if name in prompts:
             return prompts[name]

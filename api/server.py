@@ -35,7 +35,9 @@ class Server:
 
     def registry(self) -> ModelRegistry:
         if self._registry is None or self.draining:
-            raise NotReady("the server is not ready" if self._registry is None else "the server is shutting down")
+            raise NotReady(
+                "the server is not ready" if self._registry is None else "the server is shutting down"
+            )
         return self._registry
 
     def resolve(self) -> list[ModelSpec]:
@@ -65,7 +67,13 @@ class Server:
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
             encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
             served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
-            logger.info("serving %s as %s (%s, window %d)", spec.path, ", ".join(names), spec.task, spec.max_seq_length)
+            logger.info(
+                "serving %s as %s (%s, window %d)",
+                spec.path,
+                ", ".join(names),
+                spec.task,
+                spec.max_seq_length,
+            )
         self._registry = ModelRegistry(served)
 
     def stop(self) -> None:

@@ -23,7 +23,10 @@ class TextEncoder:
 
     def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+        return [
+            encoding.ids
+            for encoding in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        ]
 
     def encode(self, texts: Sequence[str], max_tokens: int | None, truncate: bool) -> list[list[int]]:
         """Texts -> model inputs with special tokens; longer than `max_tokens` (the window when None)

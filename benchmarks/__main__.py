@@ -1,4 +1,4 @@
-"""`python -m benchmarks SUITE [--rounds N]` runs a suite and records it; `python -m benchmarks render` renders."""
+"""`python -m benchmarks SUITE [--rounds N]` runs and records a suite; `... render` re-renders."""
 
 from __future__ import annotations
 

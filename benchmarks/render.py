@@ -17,7 +17,8 @@ Each table shows the latest measurement of every case and metric; `ratio` is val
 (posy against the reference implementation where there is one). Hardware "CPU" means no GPU.
 """
 COLUMNS = (
-    "case", "metric", "value", "baseline", "ratio", "unit", "model", "hardware", "backend", "torch", "commit", "date"
+    "case", "metric", "value", "baseline", "ratio", "unit",
+    "model", "hardware", "backend", "torch", "commit", "date",
 )  # fmt: skip
 
 

@@ -112,7 +112,11 @@ class ServerFactory:
         log_path = self._log_dir / f"server-{len(self._servers)}-{port}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                command, cwd=REPO_ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+                command,
+                cwd=REPO_ROOT,
+                env=server_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         return LiveServer(url=f"http://127.0.0.1:{port}", args=args, process=process, log_path=log_path)

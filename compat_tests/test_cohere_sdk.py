@@ -203,8 +203,13 @@ def test_error_body_is_cohere_shape(http):
 
 def test_legacy_and_unknown_fields_are_accepted(http):
     v2_with_v1_fields = {
-        "model": MODEL, "query": QUERY, "documents": DOCS, "return_documents": True,
-        "rank_fields": ["text"], "max_chunks_per_doc": 10, "some_future_field": 1,
+        "model": MODEL,
+        "query": QUERY,
+        "documents": DOCS,
+        "return_documents": True,
+        "rank_fields": ["text"],
+        "max_chunks_per_doc": 10,
+        "some_future_field": 1,
     }
     response = http.post("/v2/rerank", json=v2_with_v1_fields)
     assert response.status_code == 200, response.text

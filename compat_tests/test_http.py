@@ -109,16 +109,19 @@ def metric_families(http: httpx.Client) -> dict:
 def embedding_200_count(families: dict) -> float:
     return sum(
         sample.value
-        for family in families.values() if family.type == "counter" and family.name.startswith("posy_")
+        for family in families.values()
+        if family.type == "counter" and family.name.startswith("posy_")
         for sample in family.samples
         if sample.name.endswith("_total")
-        and EMBED_ROUTE in sample.labels.values() and "200" in sample.labels.values()
+        and EMBED_ROUTE in sample.labels.values()
+        and "200" in sample.labels.values()
     )
 
 
 def observations(family, route: str | None = None) -> float:
     return sum(
-        sample.value for sample in family.samples
+        sample.value
+        for sample in family.samples
         if sample.name.endswith("_count") and (route is None or route in sample.labels.values())
     )
 

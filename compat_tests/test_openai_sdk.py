@@ -180,7 +180,9 @@ def test_truncate_prompt_tokens_accepts_over_long_input(client, embed, truncate_
 
 def test_optional_and_unknown_fields_are_accepted(client, embed):
     response = client.embeddings.create(
-        model=MODEL, input=TEXTS[0], user="user-1",
+        model=MODEL,
+        input=TEXTS[0],
+        user="user-1",
         extra_body={"input_type": "document", "a_field_from_the_future": {"x": 1}},
     )
     assert cosine(vectors(response)[0], embed(TEXTS[0])[0]) >= SAME_VECTOR

@@ -37,7 +37,7 @@ def test_sts_benchmark_spearman(http):
     sentences = first + second
     rows = []
     for start in range(0, len(sentences), BATCH_SIZE):
-        batch = sentences[start:start + BATCH_SIZE]
+        batch = sentences[start : start + BATCH_SIZE]
         body = {"model": MODEL, "input": batch, "encoding_format": "float"}
         response = http.post("/v1/embeddings", json=body)
         assert response.status_code == 200, response.text
@@ -46,7 +46,7 @@ def test_sts_benchmark_spearman(http):
         rows.extend(item["embedding"] for item in data)
     vectors = np.array(rows, dtype=np.float64)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    a, b = vectors[: len(first)], vectors[len(first):]
+    a, b = vectors[: len(first)], vectors[len(first) :]
     spearman = spearmanr(gold, np.sum(a * b, axis=1)).statistic * 100
     print(f"STS Benchmark test, Spearman x 100 through posy: {spearman:.2f} (reference {REFERENCE_SPEARMAN})")
     assert abs(spearman - REFERENCE_SPEARMAN) <= TOLERANCE, spearman

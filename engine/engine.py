@@ -99,7 +99,9 @@ class Engine:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         longest = max(map(len, token_ids))
         if longest > self.config.max_batch_tokens:
-            raise SequenceTooLong(f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})")
+            raise SequenceTooLong(
+                f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
+            )
         request = _Request(len(token_ids), asyncio.get_running_loop())
         sequences = [
             ScheduledSequence(

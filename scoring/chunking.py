@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def split_into_chunks(ids: Sequence[int], chunk_len: int, max_chunks: int | None = None) -> list[Sequence[int]]:
+def split_into_chunks(
+    ids: Sequence[int], chunk_len: int, max_chunks: int | None = None
+) -> list[Sequence[int]]:
     """Consecutive windows of at most `chunk_len` tokens; an empty document is one empty chunk."""
     if chunk_len < 1:
         raise ValueError("chunk_len must be at least 1")

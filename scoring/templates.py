@@ -1,4 +1,4 @@
-"""Special-token templates read off a tokenizer: one text ([CLS] a [SEP]) or a pair ([CLS] a [SEP] b [SEP])."""
+"""Special-token templates read off a tokenizer: one text ([CLS] a [SEP]) or a pair."""
 
 from __future__ import annotations
 

@@ -37,12 +37,16 @@ def build_cross_encoder(minilm: Path, folder: Path, num_labels: int = 1, seed: i
     (folder / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm / name, folder / name)
-    tensors = {f"bert.{name}": tensor for name, tensor in load_file(str(minilm / "model.safetensors")).items()}
+    tensors = {
+        f"bert.{name}": tensor for name, tensor in load_file(str(minilm / "model.safetensors")).items()
+    }
     generator = torch.Generator().manual_seed(seed)
     hidden = config["hidden_size"]
     tensors["classifier.weight"] = torch.randn(num_labels, hidden, generator=generator) * 0.2
     tensors["classifier.bias"] = torch.randn(num_labels, generator=generator) * 0.1
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(folder / "model.safetensors"))
+    save_file(
+        {name: tensor.contiguous() for name, tensor in tensors.items()}, str(folder / "model.safetensors")
+    )
     return folder
 
 

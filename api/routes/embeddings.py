@@ -26,7 +26,9 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
     encoder = model.encoder
-    max_tokens, truncate = _truncation(data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate)
+    max_tokens, truncate = _truncation(
+        data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate
+    )
     if inputs.texts is not None:
         prompt = select_prompt(model.spec.prompts, data.input_type, data.prompt_name)
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts

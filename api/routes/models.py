@@ -14,7 +14,12 @@ async def list_models(server: NamedDependency[Server]) -> ModelList:
     registry = server.registry()
     return ModelList(
         data=[
-            Model(id=name, created=server.started_at, root=str(model.spec.name), max_model_len=model.spec.max_seq_length)
+            Model(
+                id=name,
+                created=server.started_at,
+                root=str(model.spec.name),
+                max_model_len=model.spec.max_seq_length,
+            )
             for model in registry.models
             for name in model.names
         ]

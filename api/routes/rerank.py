@@ -45,13 +45,17 @@ async def rerank_v2(request: Request, server: NamedDependency[Server]) -> Rerank
     return await _rerank(data, server, RerankOptions(max_tokens_per_doc=max_tokens), version="2")
 
 
-async def _rerank(data: RerankRequest, server: Server, options: RerankOptions, version: str) -> RerankResponse:
+async def _rerank(
+    data: RerankRequest, server: Server, options: RerankOptions, version: str
+) -> RerankResponse:
     model = server.registry().get(data.model, RERANK)
     if not data.query.strip():
         raise InvalidInput("query must not be empty", "query")
     check_documents(data.documents, server.config.max_documents)
     top_n = _positive(data.top_n, "top_n")
-    texts = [document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)]
+    texts = [
+        document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)
+    ]
     scores = await score_texts(model, data.query, texts, options)
     results = [
         RerankResult(
@@ -84,7 +88,9 @@ def check_documents(documents: Sequence[object], max_documents: int, param: str 
     if not documents:
         raise InvalidInput(f"{param} must not be empty", param)
     if len(documents) > max_documents:
-        raise InvalidInput(f"{param} has {len(documents)} items, more than the limit of {max_documents}", param)
+        raise InvalidInput(
+            f"{param} has {len(documents)} items, more than the limit of {max_documents}", param
+        )
 
 
 def document_text(document: Document, rank_fields: list[str] | None, index: int) -> str:

@@ -30,8 +30,22 @@ def test_defaults_serve_the_bundled_model():
 
 def test_flags_and_aliases():
     config = parse(
-        ["serve", "--model", "a", "--model", "b", "--served-model-name", "x,y", "--served-model-name", "z",
-         "--auto-truncate", "--max-batch-tokens", "8192", "--api-key", "k"]
+        [
+            "serve",
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--served-model-name",
+            "x,y",
+            "--served-model-name",
+            "z",
+            "--auto-truncate",
+            "--max-batch-tokens",
+            "8192",
+            "--api-key",
+            "k",
+        ]
     )
     assert config.models == ("a", "b")
     assert config.served_model_names == (("x", "y"), ("z",))
@@ -39,7 +53,12 @@ def test_flags_and_aliases():
 
 
 def test_environment_twins_and_command_line_precedence():
-    environ = {"POSY_PORT": "9001", "POSY_AUTO_TRUNCATE": "true", "POSY_MODEL": "m1;m2", "POSY_API_KEY": "env"}
+    environ = {
+        "POSY_PORT": "9001",
+        "POSY_AUTO_TRUNCATE": "true",
+        "POSY_MODEL": "m1;m2",
+        "POSY_API_KEY": "env",
+    }
     config = parse(["serve", "--api-key", "flag"], environ)
     assert config.port == 9001 and config.auto_truncate and config.models == ("m1", "m2")
     assert config.api_key == "flag"
@@ -63,7 +82,12 @@ def build_hub_cache(root: Path, repo_id: str, source: Path) -> None:
 def test_serve_a_hub_id_from_the_offline_cache(tmp_path, minilm_path):
     build_hub_cache(tmp_path / "hub", "posy-test/minilm", minilm_path)
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HOME": str(tmp_path),
+    }
     command = [sys.executable, "-m", "api", "serve", "--model", "posy-test/minilm", "--port", str(port)]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -90,7 +114,9 @@ def test_serve_a_hub_id_from_the_offline_cache(tmp_path, minilm_path):
 def test_an_unknown_hub_id_offline_fails_to_start(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "HF_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "api", "serve", "--model", "nobody/nothing", "--port", str(free_port())]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode != 0
     assert "nobody/nothing" in result.stderr + result.stdout
 

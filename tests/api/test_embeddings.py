@@ -84,7 +84,10 @@ def test_unknown_fields_and_input_type_are_accepted(client):
 def test_models_lists_every_name(client):
     payload = client.get("/v1/models").json()
     assert payload["object"] == "list"
-    assert {model["id"] for model in payload["data"]} == {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+    assert {model["id"] for model in payload["data"]} == {
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "all-MiniLM-L6-v2",
+    }
 
 
 @pytest.mark.parametrize("path", ["/health", "/ready"])

@@ -93,8 +93,12 @@ def test_cohere_invalid_input_is_400(client, body, needle):
 def test_v1_rank_fields_must_exist(client):
     body = {"query": "q", "documents": [{"title": "t"}], "rank_fields": ["title", "body"]}
     assert_cohere_error(client.post("/v1/rerank", json=body), 400, "body")
-    assert_cohere_error(client.post("/v1/rerank", json={"query": "q", "documents": [{"title": "t"}]}), 400, "text")
-    assert_cohere_error(client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "max_chunks_per_doc": 0}), 400)
+    assert_cohere_error(
+        client.post("/v1/rerank", json={"query": "q", "documents": [{"title": "t"}]}), 400, "text"
+    )
+    assert_cohere_error(
+        client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "max_chunks_per_doc": 0}), 400
+    )
 
 
 def test_tei_invalid_input_is_422(client):

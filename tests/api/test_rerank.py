@@ -8,7 +8,9 @@ DOCS = [
     "To bake sourdough bread, feed your starter, mix the dough, let it rise overnight and bake it hot.",
     "Cats sleep for most of the day.",
 ]
-FILLER = " ".join(f"Paragraph {i} talks about the history of railways in distant countries." for i in range(60))
+FILLER = " ".join(
+    f"Paragraph {i} talks about the history of railways in distant countries." for i in range(60)
+)
 
 
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
@@ -27,7 +29,10 @@ def test_top_n_and_return_documents(client):
     payload = client.post(
         "/v2/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2, "return_documents": True}
     ).json()
-    assert [result["document"]["text"] for result in payload["results"]] == [DOCS[1], payload["results"][1]["document"]["text"]]
+    assert [result["document"]["text"] for result in payload["results"]] == [
+        DOCS[1],
+        payload["results"][1]["document"]["text"],
+    ]
     assert len(payload["results"]) == 2
 
 
@@ -35,7 +40,12 @@ def test_v1_objects_with_rank_fields_are_returned_whole(client):
     documents = [{"title": "Bread", "text": DOCS[1], "id": 7}, {"title": "Markets", "text": DOCS[0], "id": 8}]
     payload = client.post(
         "/v1/rerank",
-        json={"query": QUERY, "documents": documents, "rank_fields": ["title", "text"], "return_documents": True},
+        json={
+            "query": QUERY,
+            "documents": documents,
+            "rank_fields": ["title", "text"],
+            "return_documents": True,
+        },
     ).json()
     assert payload["results"][0]["document"] == documents[0]
 
@@ -47,7 +57,9 @@ def test_long_document_with_the_answer_at_its_end_ranks_first(client):
         payload = client.post(path, json={"query": QUERY, "documents": documents}).json()
         assert payload["results"][0]["index"] == 1, path
     # with one chunk only, the answer is cut off and the document loses
-    payload = client.post("/v1/rerank", json={"query": QUERY, "documents": documents, "max_chunks_per_doc": 1}).json()
+    payload = client.post(
+        "/v1/rerank", json={"query": QUERY, "documents": documents, "max_chunks_per_doc": 1}
+    ).json()
     assert payload["results"][0]["index"] != 1
 
 
@@ -74,5 +86,11 @@ def test_tei_rerank_shape(client):
 
 
 def test_legacy_fields_are_ignored(client):
-    body = {"query": QUERY, "documents": DOCS, "return_documents": False, "max_chunks_per_doc": 3, "version": 2}
+    body = {
+        "query": QUERY,
+        "documents": DOCS,
+        "return_documents": False,
+        "max_chunks_per_doc": 3,
+        "version": 2,
+    }
     assert client.post("/v1/rerank", json=body).status_code == 200

@@ -36,12 +36,18 @@ def test_each_name_reaches_its_model(two_models):
     assert two_models.post("/v1/embeddings", json={"model": "e2", "input": "hi"}).status_code == 200
     response = two_models.post("/v1/embeddings", json={"model": "reranker", "input": "hi"})
     assert response.status_code == 400 and "cannot embed" in response.json()["error"]["message"]
-    response = two_models.post("/v1/embeddings", json={"model": "sentence-transformers/all-MiniLM-L6-v2", "input": "hi"})
+    response = two_models.post(
+        "/v1/embeddings", json={"model": "sentence-transformers/all-MiniLM-L6-v2", "input": "hi"}
+    )
     assert response.status_code == 404
 
 
-def test_cross_encoder_scores_are_the_sigmoid_of_the_reference_logit(two_models, cross_encoder_path, minilm_tokenizer):
-    payload = two_models.post("/v2/rerank", json={"model": "reranker", "query": QUERY, "documents": DOCS[:2]}).json()
+def test_cross_encoder_scores_are_the_sigmoid_of_the_reference_logit(
+    two_models, cross_encoder_path, minilm_tokenizer
+):
+    payload = two_models.post(
+        "/v2/rerank", json={"model": "reranker", "query": QUERY, "documents": DOCS[:2]}
+    ).json()
     reference = AutoModelForSequenceClassification.from_pretrained(cross_encoder_path).eval()
     expected = {}
     for index, doc in enumerate(DOCS[:2]):
@@ -56,7 +62,9 @@ def test_cross_encoder_scores_are_the_sigmoid_of_the_reference_logit(two_models,
 
 
 def test_cross_encoder_chunks_a_long_document_and_tei_raw_scores(two_models):
-    payload = two_models.post("/v1/rerank", json={"model": "reranker", "query": QUERY, "documents": DOCS}).json()
+    payload = two_models.post(
+        "/v1/rerank", json={"model": "reranker", "query": QUERY, "documents": DOCS}
+    ).json()
     assert len(payload["results"]) == 3 and all(0 <= r["relevance_score"] <= 1 for r in payload["results"])
     # TEI's route takes the first model that can rerank: here the embedder (cosine, raw in [-1, 1])
     raw = two_models.post("/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}).json()
@@ -68,7 +76,9 @@ def test_api_key_is_required_except_for_health():
         assert client.get("/health").status_code == 200
         response = client.post("/v1/embeddings", json={"input": "x"})
         assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
-        response = client.post("/v2/rerank", json={"query": "q", "documents": ["d"]}, headers={"authorization": "Bearer no"})
+        response = client.post(
+            "/v2/rerank", json={"query": "q", "documents": ["d"]}, headers={"authorization": "Bearer no"}
+        )
         assert response.status_code == 401 and "message" in response.json()
         ok = client.post("/v1/embeddings", json={"input": "x"}, headers={"authorization": "Bearer sekrit"})
         assert ok.status_code == 200
@@ -89,7 +99,10 @@ def test_full_queue_is_429_with_retry_after_in_each_shape():
             assert response.status_code == 429 and response.headers["retry-after"] == "2"
             assert response.json()["error"]["type"] == "rate_limit_exceeded"
             assert client.post("/v2/rerank", json={"query": "q", "documents": ["d"]}).status_code == 429
-            assert client.post("/rerank", json={"query": "q", "texts": ["d"]}).json()["error_type"] == "Overloaded"
+            assert (
+                client.post("/rerank", json={"query": "q", "texts": ["d"]}).json()["error_type"]
+                == "Overloaded"
+            )
         finally:
             model.engine = real_engine
         assert client.post("/v1/embeddings", json={"input": "x"}).status_code == 200
@@ -100,8 +113,14 @@ def test_concurrent_requests_get_their_own_vectors(client):
 
     import httpx
 
-    texts = [f"request number {i} is about {'cats' if i % 2 else 'stock markets'} " * (1 + i % 7) for i in range(48)]
-    alone = [np.asarray(client.post("/v1/embeddings", json={"input": t}).json()["data"][0]["embedding"]) for t in texts]
+    texts = [
+        f"request number {i} is about {'cats' if i % 2 else 'stock markets'} " * (1 + i % 7)
+        for i in range(48)
+    ]
+    alone = [
+        np.asarray(client.post("/v1/embeddings", json={"input": t}).json()["data"][0]["embedding"])
+        for t in texts
+    ]
 
     async def main():
         transport = httpx.ASGITransport(app=client.app)

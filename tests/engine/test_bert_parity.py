@@ -12,7 +12,39 @@ from engine.batch import pack
 from engine.loader import load_model, resolve_model
 
 LONG = " ".join(
-    ["Packed", "batches", "lay", "every", "sequence", "end", "to", "end,", "so", "no", "token", "is", "ever", "padding", "and", "attention", "runs", "over", "each", "segment", "alone;", "a", "long", "document", "is", "cut", "at", "the", "model", "window."] * 12
+    [
+        "Packed",
+        "batches",
+        "lay",
+        "every",
+        "sequence",
+        "end",
+        "to",
+        "end,",
+        "so",
+        "no",
+        "token",
+        "is",
+        "ever",
+        "padding",
+        "and",
+        "attention",
+        "runs",
+        "over",
+        "each",
+        "segment",
+        "alone;",
+        "a",
+        "long",
+        "document",
+        "is",
+        "cut",
+        "at",
+        "the",
+        "model",
+        "window.",
+    ]
+    * 12
 )
 TEXTS = [
     "a",

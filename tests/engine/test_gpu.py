@@ -19,7 +19,12 @@ from engine.loader import load_model, resolve_model
 pytestmark = pytest.mark.gpu
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(995)]
-MINILM_SHAPE = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
+MINILM_SHAPE = {
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+}
 
 
 def save_random_bert(folder, architecture="BertModel", num_labels=1):
@@ -30,7 +35,10 @@ def save_random_bert(folder, architecture="BertModel", num_labels=1):
     from tokenizers.processors import TemplateProcessing
 
     config = transformers.BertConfig(
-        vocab_size=len(VOCAB), max_position_embeddings=512, num_labels=num_labels, architectures=[architecture],
+        vocab_size=len(VOCAB),
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        architectures=[architecture],
         **MINILM_SHAPE,
     )
     model_class = getattr(transformers, architecture)
@@ -43,7 +51,9 @@ def save_random_bert(folder, architecture="BertModel", num_labels=1):
     tokenizer = Tokenizer(WordLevel({token: i for i, token in enumerate(VOCAB)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = Whitespace()
     tokenizer.post_processor = TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
     )
     tokenizer.save(str(folder / "tokenizer.json"))
     return model
@@ -105,14 +115,19 @@ def test_cross_encoder_logits_match_transformers_on_cuda(tmp_path):
         ours = model(pack(sequences, types).to("cuda")).cpu()
     with torch.no_grad():
         expected = torch.cat(
-            [reference(input_ids=torch.tensor([s]), token_type_ids=torch.tensor([t])).logits for s, t in zip(sequences, types)]
+            [
+                reference(input_ids=torch.tensor([s]), token_type_ids=torch.tensor([t])).logits
+                for s, t in zip(sequences, types)
+            ]
         )
     assert (ours - expected).abs().max().item() <= 1e-4
 
 
 def test_engine_on_cuda_resolves_concurrent_requests(bert):
     folder, _ = bert
-    engine = build_engine(resolve_model(str(folder)), EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=2048))
+    engine = build_engine(
+        resolve_model(str(folder)), EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=2048)
+    )
     requests = [random_sequences([3 + (i * 37) % 250, 2 + i % 5], seed=i) for i in range(48)]
 
     async def main():

@@ -82,9 +82,13 @@ def test_cross_encoder_chunks_leave_room_for_the_query_and_specials():
     scores = asyncio.run(rerank_scores(model, query, docs, RerankOptions(raw_scores=True)))
     assert scores.tolist() == [2.0, 1.0, 0.0]
     # max_chunks_per_doc drops the tail chunk where the match sits
-    limited = asyncio.run(rerank_scores(model, query, docs, RerankOptions(max_chunks_per_doc=2, raw_scores=True)))
+    limited = asyncio.run(
+        rerank_scores(model, query, docs, RerankOptions(max_chunks_per_doc=2, raw_scores=True))
+    )
     assert limited.tolist() == [0.0, 1.0, 0.0]
-    truncated = asyncio.run(rerank_scores(model, query, docs, RerankOptions(max_tokens_per_doc=10, raw_scores=True)))
+    truncated = asyncio.run(
+        rerank_scores(model, query, docs, RerankOptions(max_tokens_per_doc=10, raw_scores=True))
+    )
     assert truncated[0] == 0.0
 
 
