@@ -31,7 +31,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument("--attention-backend", default="auto")
+    serve.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "torch-varlen", "flashinfer", "flash-attn"],
+        help="chosen once at start-up and logged; auto picks by device, head size and graphs",
+    )
+    serve.add_argument(
+        "--cuda-graphs",
+        default="lazy",
+        choices=["off", "lazy", "eager-warmup"],
+        help="whole-model CUDA graphs: captured on a bucket's second hit, or all at start-up",
+    )
     serve.add_argument(
         "--max-batch-tokens", type=int, help="tokens per forward pass (16384 on GPU, 4096 on CPU)"
     )
@@ -76,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         dtype=args.dtype,
         attention_backend=args.attention_backend,
+        cuda_graphs=args.cuda_graphs,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_seqs=args.max_batch_seqs,
         max_queue_tokens=args.max_queue_tokens,

@@ -22,6 +22,7 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
+    cuda_graphs: str = "lazy"
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None

@@ -89,6 +89,7 @@ class Server:
             device=device,
             dtype=resolve_dtype(self.config.dtype, device),
             attention_backend=self.config.attention_backend,
+            cuda_graphs=self.config.cuda_graphs,
             max_batch_tokens=max_batch_tokens,
             max_batch_seqs=self.config.max_batch_seqs,
             max_queue_tokens=self.config.max_queue_tokens or QUEUE_BATCHES * max_batch_tokens,

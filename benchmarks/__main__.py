@@ -12,6 +12,7 @@ from benchmarks.render import render
 # suite name -> module with `run(options: argparse.Namespace) -> SuiteOutcome`; imported only when run
 SUITES: dict[str, str] = {
     "cpu": "benchmarks.cpu",
+    "engine": "benchmarks.engine",
 }
 
 
@@ -24,6 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--rounds", type=int, default=5, help="timed rounds per side after one warm-up (median)"
     )
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
+    parser.add_argument("--backend", default="auto", help="attention backend of the GPU suites")
     return parser.parse_args(argv)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,7 +79,10 @@ def torch_version() -> str:
 
 
 def git_commit() -> str:
-    """`git rev-parse --short HEAD`, with "+dirty" when tracked or untracked sources differ from it."""
+    """`git rev-parse --short HEAD`, with "+dirty" when tracked or untracked sources differ from it;
+    POSY_COMMIT names it where the checkout travels without its history (the GPU machine)."""
+    if os.environ.get("POSY_COMMIT"):
+        return os.environ["POSY_COMMIT"]
     try:
         commit = _git("rev-parse", "--short", "HEAD")
         dirty = _git("status", "--porcelain", "--", ".", *GENERATED_PATHS)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -40,31 +42,21 @@ def pack(
     pin_memory: bool = False,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros."""
-    lengths = [len(ids) for ids in token_ids]
-    if not lengths or min(lengths) == 0:
+    lengths = np.fromiter(map(len, token_ids), dtype=np.int64, count=len(token_ids))
+    if lengths.size == 0 or lengths.min() == 0:
         raise ValueError("a packed batch needs at least one sequence and no empty sequence")
-    flat_ids = [token for ids in token_ids for token in ids]
-    flat_types: list[int] = []
-    for index, length in enumerate(lengths):
-        types = token_type_ids[index] if token_type_ids is not None else None
-        flat_types.extend(types if types is not None else [0] * length)
-    positions = [position for length in lengths for position in range(length)]
-    cu_seqlens = [0]
-    for length in lengths:
-        cu_seqlens.append(cu_seqlens[-1] + length)
-    batch = PackedBatch(
-        input_ids=torch.tensor(flat_ids, dtype=torch.int64),
-        token_type_ids=torch.tensor(flat_types, dtype=torch.int64),
-        positions=torch.tensor(positions, dtype=torch.int64),
-        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32),
-        max_seqlen=max(lengths),
-    )
+    num_tokens = int(lengths.sum())
+    cu_seqlens = np.zeros(lengths.size + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    flat_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=num_tokens)
+    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    flat_types = np.zeros(num_tokens, dtype=np.int64)
+    if token_type_ids is not None:
+        for start, types in zip(cu_seqlens[:-1].tolist(), token_type_ids):
+            if types is not None:
+                flat_types[start : start + len(types)] = types
+    tensors = [torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens)]
     if pin_memory:
-        batch = PackedBatch(
-            input_ids=batch.input_ids.pin_memory(),
-            token_type_ids=batch.token_type_ids.pin_memory(),
-            positions=batch.positions.pin_memory(),
-            cu_seqlens=batch.cu_seqlens.pin_memory(),
-            max_seqlen=batch.max_seqlen,
-        )
-    return batch
+        tensors = [tensor.pin_memory() for tensor in tensors]
+    input_ids, types_tensor, positions_tensor, cu_tensor = tensors
+    return PackedBatch(input_ids, types_tensor, positions_tensor, cu_tensor, int(lengths.max()))

@@ -8,7 +8,8 @@ import torch
 
 from engine.attention.backends import select_backend
 from engine.batch import pack
-from engine.config import EngineConfig
+from engine.config import LARGE_TOKEN_STEP, EngineConfig
+from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
@@ -20,9 +21,22 @@ logger = logging.getLogger(__name__)
 def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver | None = None) -> Engine:
     device = torch.device(config.device)
     backend = select_backend(config.attention_backend, device)
-    logger.info("%s: attention backend %s on %s, %s", spec.name, backend.name, device, config.dtype)
     model = load_model(spec, device, DTYPES[config.dtype], backend)
-    runner = ModelRunner(model, device)
+    graphs = None
+    if config.uses_cuda_graphs and getattr(backend, "graph_safe", False):
+        # a padded batch holds real sequences (at most the window) and a dummy tail (below one step)
+        graphs = GraphCache(model, config, device, max_seqlen=max(spec.max_seq_length, LARGE_TOKEN_STEP))
+    logger.info(
+        "%s: attention backend %s on %s, %s, CUDA graphs %s",
+        spec.name,
+        backend.name,
+        device,
+        config.dtype,
+        config.cuda_graphs if graphs is not None else "off",
+    )
+    runner = ModelRunner(model, device, graphs)
+    if graphs is not None and config.cuda_graphs == "eager-warmup":
+        graphs.warm_up()
     # warm-up: one short sequence through the whole model before the server says it is ready
     runner.step(pack([[0, 1]])).result()
     engine = Engine(runner, config, on_batch)

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 GPU_MAX_BATCH_TOKENS = 16384
 CPU_MAX_BATCH_TOKENS = 4096
 QUEUE_BATCHES = 64
+CUDA_GRAPH_MODES = ("off", "lazy", "eager-warmup")
+# token buckets: multiples of SMALL_TOKEN_STEP up to SMALL_TOKEN_LIMIT, then of LARGE_TOKEN_STEP
+SMALL_TOKEN_STEP = 64
+SMALL_TOKEN_LIMIT = 1024
+LARGE_TOKEN_STEP = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,9 @@ class EngineConfig:
     max_batch_seqs: int = 512
     # tokens waiting in the queue before new work is refused with Overloaded (429).
     max_queue_tokens: int = QUEUE_BATCHES * CPU_MAX_BATCH_TOKENS
+    # whole-model CUDA graphs: "off"; "lazy" (a bucket's first hit runs eagerly, its second
+    # captures, later hits replay); "eager-warmup" (capture every bucket at start-up, largest first)
+    cuda_graphs: str = "lazy"
 
     def check(self, max_window: int) -> None:
         if self.max_batch_tokens < max_window:
@@ -34,6 +42,32 @@ class EngineConfig:
             raise ValueError("max_batch_seqs must be at least 1")
         if self.max_queue_tokens < self.max_batch_tokens:
             raise ValueError("max_queue_tokens must be at least max_batch_tokens")
+        if self.cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}")
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return self.device.startswith("cuda") and self.cuda_graphs != "off"
+
+    def token_bucket(self, num_tokens: int) -> int | None:
+        """The graph size for a batch of `num_tokens` (one padding token at least, for the dummy
+        sequence); None above the largest bucket, which runs eagerly."""
+        padded = num_tokens + 1
+        step = SMALL_TOKEN_STEP if padded <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
+        bucket = -(-padded // step) * step
+        largest = -(-(self.max_batch_tokens + 1) // LARGE_TOKEN_STEP) * LARGE_TOKEN_STEP
+        return bucket if bucket <= largest else None
+
+    def sequence_bucket(self, num_seqs: int, token_bucket: int) -> int:
+        """Sequence slots of a graph: a power of two above `num_seqs` (the dummy takes one), at most
+        one more than a batch of that many tokens can hold."""
+        return min(1 << num_seqs.bit_length(), min(token_bucket, self.max_batch_seqs) + 1)
+
+    def token_buckets(self) -> list[int]:
+        """Every token bucket, largest first (the capture order of eager-warmup)."""
+        buckets = {self.token_bucket(n) for n in range(1, self.max_batch_tokens + 1, SMALL_TOKEN_STEP // 2)}
+        buckets.add(self.token_bucket(self.max_batch_tokens))
+        return sorted((bucket for bucket in buckets if bucket is not None), reverse=True)
 
 
 def default_max_batch_tokens(device: str) -> int:

@@ -1,0 +1,207 @@
+"""The engine suite (CUDA): posy's engine against HF transformers on the same BERT-base-shaped
+random weights, bf16, one run: batch-1 latency, mixed-length and saturation throughput, overlap,
+graph capture time and memory."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.records import RunContext, SuiteOutcome
+
+BERT_BASE = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+}
+MODEL = "bert-base-shape (random weights)"
+MIN_COSINE = 0.999  # posy in bf16 against the reference in fp32 ("same vector", DESIGN.md)
+HF_BATCH_SIZE = 32
+
+
+def save_random_bert(folder: Path):
+    """A BertModel with seeded random weights and a word-level tokenizer.json beside it."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(architectures=["BertModel"], **BERT_BASE)
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    model.save_pretrained(folder)
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3}
+    Tokenizer(WordLevel(vocab, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
+    return model
+
+
+def random_sequences(lengths: list[int], seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[2, *rng.integers(5, BERT_BASE["vocab_size"], n - 2).tolist(), 3] for n in lengths]
+
+
+def hf_embed(model, sequences: list[list[int]], batch_size: int) -> np.ndarray:
+    """HF as people run it: length-sorted padded batches, SDPA, mean pooling, vectors on the host."""
+    import torch
+
+    order = sorted(range(len(sequences)), key=lambda index: len(sequences[index]))
+    rows: dict[int, np.ndarray] = {}
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            width = max(len(sequences[index]) for index in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.int64)
+            mask = torch.zeros(len(chunk), width, dtype=torch.int64)
+            for row, index in enumerate(chunk):
+                ids[row, : len(sequences[index])] = torch.tensor(sequences[index])
+                mask[row, : len(sequences[index])] = 1
+            ids, mask = ids.cuda(non_blocking=True), mask.cuda(non_blocking=True)
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+            pooled = torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
+            rows.update(zip(chunk, pooled))
+    return np.stack([rows[index] for index in range(len(sequences))])
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
+def percentile_ms(samples: list[float], q: float) -> float:
+    return 1000 * float(np.percentile(samples, q))
+
+
+def gpu_busy_fraction(profile) -> float:
+    """The union of kernel and copy intervals over the span from the first to the last."""
+    intervals = sorted(
+        (event.time_range.start, event.time_range.end)
+        for event in profile.events()
+        if event.device_type.name == "CUDA" and event.time_range.end > event.time_range.start
+    )
+    busy, current_start, current_end = 0.0, *intervals[0]
+    for start, end in intervals[1:]:
+        if start > current_end:
+            busy += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    busy += current_end - current_start
+    return busy / (intervals[-1][1] - intervals[0][0])
+
+
+def run(options: argparse.Namespace) -> SuiteOutcome:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.batch import pack
+    from engine.build import build_engine
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+
+    folder = Path(tempfile.mkdtemp())
+    # one HF module on the GPU: bf16 for the speed baseline, fp32 for the parity reference
+    hf = save_random_bert(folder).to("cuda", torch.bfloat16)
+    spec = resolve_model(str(folder))
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", attention_backend=options.backend, max_batch_tokens=16384,
+        max_queue_tokens=64 * 16384, cuda_graphs="lazy",
+    )  # fmt: skip
+    engine = build_engine(spec, config)
+    runner = engine.runner
+    backend = runner.model.layers[0].attention_backend.name
+    context = RunContext(suite=options.suite, model=MODEL, gpu=torch.cuda.get_device_name(), backend=backend)
+    loop = asyncio.new_event_loop()
+    records = []
+
+    def sync_time(function, repeats: int) -> list[float]:
+        samples = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - start)
+        return samples
+
+    def embed_batch1() -> np.ndarray:
+        return runner.step(pack(single, pin_memory=True)).result()
+
+    async def saturate() -> None:
+        await asyncio.gather(*(engine.run(request) for request in requests))
+
+    single = random_sequences([128], seed=1)
+    mixed = random_sequences(np.random.default_rng(2).integers(16, 513, 100).tolist(), seed=3)
+    requests = [random_sequences([50] * 64, seed=100 + i) for i in range(256)]
+    try:
+        # 1. batch 1 x 128 tokens: step to pooled vector on the host
+        for _ in range(3):  # eager, capture, replay
+            embed_batch1()
+        posy_latency = sync_time(embed_batch1, options.rounds * 100)
+        hf_latency = sync_time(lambda: hf_embed(hf, single, 1), options.rounds * 40)
+        posy_p50, hf_p50 = percentile_ms(posy_latency, 50), percentile_ms(hf_latency, 50)
+        records.append(context.record("batch1x128", "latency_p50_ms", posy_p50, "ms", hf_p50))
+        records.append(context.record("batch1x128", "latency_p99_ms", percentile_ms(posy_latency, 99), "ms"))
+        print(f"batch 1x128: posy p50 {posy_p50:.3f} ms, HF eager {hf_p50:.3f} ms ({hf_p50 / posy_p50:.1f}x)")
+
+        # 2. 100 mixed texts of 16..512 tokens: real tokens per second
+        for _ in range(3):
+            posy_vectors = loop.run_until_complete(engine.run(mixed))
+        posy_mixed = sync_time(lambda: loop.run_until_complete(engine.run(mixed)), options.rounds * 4)
+        hf_mixed = sync_time(lambda: hf_embed(hf, mixed, HF_BATCH_SIZE), options.rounds * 2)
+        mixed_tokens = sum(map(len, mixed))
+        posy_rate = mixed_tokens / statistics.median(posy_mixed)
+        hf_rate = mixed_tokens / statistics.median(hf_mixed)
+        records.append(context.record("mixed100", "real_tokens_per_s", posy_rate, "tokens/s", hf_rate))
+        print(
+            f"mixed 100: posy {posy_rate / 1e6:.2f}M/s, HF {hf_rate / 1e6:.2f}M/s, {posy_rate / hf_rate:.2f}x"
+        )
+
+        # parity: posy in bf16 against HF in fp32 on the same weights
+        hf.float()
+        cosine = min(
+            min_cosine(embed_batch1(), hf_embed(hf, single, 1)),
+            min_cosine(posy_vectors, hf_embed(hf, mixed, HF_BATCH_SIZE)),
+        )
+        hf.to(torch.bfloat16)
+        records.append(context.record("mixed100", "min_cosine_vs_fp32_reference", cosine, "cosine"))
+
+        # 3. 50-token inputs at saturation, through the scheduler, many batches in flight
+        for _ in range(3):
+            loop.run_until_complete(saturate())
+        saturation = sync_time(lambda: loop.run_until_complete(saturate()), options.rounds)
+        rate = 50 * 64 * len(requests) / statistics.median(saturation)
+        hf_saturation = sync_time(lambda: hf_embed(hf, requests[0] * 4, 256), options.rounds)
+        hf_rate = 50 * 256 / statistics.median(hf_saturation)
+        records.append(context.record("saturation-50tok", "tokens_per_s", rate, "tokens/s", hf_rate))
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            loop.run_until_complete(saturate())
+            torch.cuda.synchronize()
+        busy = gpu_busy_fraction(trace)
+        records.append(context.record("saturation-50tok", "gpu_busy_fraction", busy, "fraction"))
+        print(
+            f"saturation 50-token: posy {rate / 1e6:.2f}M tok/s, HF {hf_rate / 1e6:.2f}M, GPU busy {busy:.3f}"
+        )
+
+        # 4. graphs: capture time per bucket and memory
+        graphs = runner.graphs
+        if graphs is not None and graphs.capture_seconds:
+            captures = [1000 * seconds for seconds in graphs.capture_seconds.values()]
+            records.append(context.record("graphs", "capture_ms_max", max(captures), "ms"))
+            records.append(context.record("graphs", "capture_ms_median", statistics.median(captures), "ms"))
+            records.append(context.record("graphs", "graph_memory_mib", graphs.memory_bytes / 2**20, "MiB"))
+            records.append(context.record("graphs", "num_graphs", len(graphs.graphs), "graphs"))
+            print(f"graphs: {len(graphs.graphs)}, capture max {max(captures):.0f} ms")
+    finally:
+        engine.stop()
+        loop.close()
+    failures = [] if cosine >= MIN_COSINE else [f"min cosine {cosine:.5f} < {MIN_COSINE}"]
+    return SuiteOutcome(records, failures)

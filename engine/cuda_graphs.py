@@ -1,0 +1,157 @@
+"""GraphCache: whole-model CUDA graphs per (token bucket, sequence slots), captured lazily into
+one shared memory pool; attention metadata lives in fixed-address buffers so a graph replays with
+new lengths. A batch is padded with one dummy sequence (the tail tokens) and zero-length slots."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.batch import PackedBatch
+from engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+GraphKey = tuple[int, int]  # (token bucket, sequence slots)
+
+
+@dataclass(slots=True)
+class _StaticInputs:
+    """Device buffers a graph reads, filled from two pinned host staging tensors per step."""
+
+    ints: torch.Tensor  # [4 * num_tokens + num_slots] int64: ids | types | positions | segments | lengths
+    cu_seqlens: torch.Tensor  # [num_slots + 1] int32
+    batch: PackedBatch
+    meta: AttentionMetadata
+
+    @classmethod
+    def allocate(cls, key: GraphKey, max_seqlen: int, device: torch.device) -> _StaticInputs:
+        num_tokens, num_slots = key
+        ints = torch.zeros(4 * num_tokens + num_slots, dtype=torch.int64, device=device)
+        cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+        ids, types, positions, segments = ints[: 4 * num_tokens].view(4, num_tokens).unbind(0)
+        lengths = ints[4 * num_tokens :]
+        batch = PackedBatch(ids, types, positions, cu_seqlens, max_seqlen)
+        # only graph-safe backends run here: they read cu_seqlens and max_seqlen (an upper bound)
+        meta = AttentionMetadata(
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max_seqlen,
+            seqlens=(0,) * num_slots,
+            runs=(),
+            segment_ids=segments,
+            lengths=lengths,
+        )
+        return cls(ints, cu_seqlens, batch, meta)
+
+
+def stage(batch: PackedBatch, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host staging tensors for `batch` padded to `key`: real sequences, zero-length slots, then
+    one dummy sequence over the tail tokens (it soaks up the padding and is never read back)."""
+    num_tokens, num_slots = key
+    real_tokens, real_seqs = batch.num_tokens, batch.num_seqs
+    cu_real = batch.cu_seqlens.numpy()
+    lengths = np.diff(cu_real).astype(np.int64)
+    ints = np.zeros(4 * num_tokens + num_slots, dtype=np.int64)
+    ids, types, positions, segments = ints[: 4 * num_tokens].reshape(4, num_tokens)
+    ids[:real_tokens] = batch.input_ids.numpy()
+    types[:real_tokens] = batch.token_type_ids.numpy()
+    positions[:real_tokens] = batch.positions.numpy()
+    segments[:real_tokens] = np.repeat(np.arange(real_seqs), lengths)
+    segments[real_tokens:] = num_slots - 1
+    slot_lengths = ints[4 * num_tokens :]
+    slot_lengths[:] = 1  # zero-length slots divide by one in mean pooling, never by zero
+    slot_lengths[:real_seqs] = lengths
+    slot_lengths[-1] = num_tokens - real_tokens
+    cu_seqlens = np.full(num_slots + 1, real_tokens, dtype=np.int32)
+    cu_seqlens[: real_seqs + 1] = cu_real
+    cu_seqlens[-1] = num_tokens
+    return torch.from_numpy(ints), torch.from_numpy(cu_seqlens)
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: _StaticInputs
+    output: torch.Tensor  # [num_slots, out_dim], in the shared pool: read before the next replay
+
+
+class GraphCache:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, device: torch.device, max_seqlen: int):
+        self.model = model
+        self.config = config
+        self.device = device
+        # an upper bound of any sequence in a padded batch: the model window or the dummy tail
+        self.max_seqlen = max_seqlen
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[GraphKey, _Graph] = {}
+        self.num_hits: Counter[GraphKey] = Counter()
+        self.capture_seconds: dict[GraphKey, float] = {}
+        self.memory_bytes = 0
+
+    def key(self, batch: PackedBatch) -> GraphKey | None:
+        token_bucket = self.config.token_bucket(batch.num_tokens)
+        if token_bucket is None:
+            return None
+        # pre-warmed graphs have the most slots of their token bucket, so every batch finds one
+        num_seqs = self.config.max_batch_seqs if self.config.cuda_graphs == "eager-warmup" else batch.num_seqs
+        return token_bucket, self.config.sequence_bucket(num_seqs, token_bucket)
+
+    def run(self, batch: PackedBatch) -> torch.Tensor | None:
+        """[num_seqs, out_dim] rows on the device from a graph, or None: run this batch eagerly."""
+        key = self.key(batch)
+        if key is None:
+            return None
+        self.num_hits[key] += 1
+        graph = self.graphs.get(key)
+        if graph is None:
+            # lazy: a bucket's first hit runs eagerly, its second captures
+            if self.num_hits[key] < 2:
+                return None
+            graph = self.capture(key)
+        ints, cu_seqlens = stage(batch, key)
+        graph.inputs.ints.copy_(ints.pin_memory(), non_blocking=True)
+        graph.inputs.cu_seqlens.copy_(cu_seqlens.pin_memory(), non_blocking=True)
+        graph.graph.replay()
+        return graph.output[: batch.num_seqs]
+
+    def capture(self, key: GraphKey) -> _Graph:
+        started = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.device)
+        inputs = _StaticInputs.allocate(key, min(self.max_seqlen, key[0]), self.device)
+        # a valid batch in the buffers while capturing: one sequence of one token, then the dummy
+        ints, cu_seqlens = stage(_one_token_batch(), key)
+        inputs.ints.copy_(ints)
+        inputs.cu_seqlens.copy_(cu_seqlens)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.model(inputs.batch, inputs.meta)  # warm-up run outside the graph
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = self.model(inputs.batch, inputs.meta)
+        captured = _Graph(graph, inputs, output)
+        self.graphs[key] = captured
+        self.capture_seconds[key] = time.perf_counter() - started
+        self.memory_bytes += torch.cuda.memory_reserved(self.device) - reserved
+        logger.debug("captured graph %s in %.1f ms", key, 1000 * self.capture_seconds[key])
+        return captured
+
+    def warm_up(self) -> None:
+        """eager-warmup: capture every token bucket with its largest slot count, largest first."""
+        for token_bucket in self.config.token_buckets():
+            key = (token_bucket, self.config.sequence_bucket(self.config.max_batch_seqs, token_bucket))
+            if key not in self.graphs:
+                self.capture(key)
+        logger.info("captured %d CUDA graphs, %.0f MiB", len(self.graphs), self.memory_bytes / 2**20)
+
+
+def _one_token_batch() -> PackedBatch:
+    one = torch.zeros(1, dtype=torch.int64)
+    return PackedBatch(one, one, one, torch.tensor([0, 1], dtype=torch.int32), 1)

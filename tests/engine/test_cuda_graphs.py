@@ -1,0 +1,118 @@
+"""Graph buckets and padding (CPU), and on CUDA: replay equals eager at bucket edges and across
+many batches through one graph, and LazyTensor results with many batches in flight."""
+
+import pytest
+import torch
+
+from engine.batch import pack
+from engine.config import EngineConfig
+from engine.cuda_graphs import stage
+
+
+def test_token_buckets_round_up_with_room_for_the_dummy_sequence():
+    config = EngineConfig(device="cuda", max_batch_tokens=16384)
+    assert config.token_bucket(1) == 64
+    assert config.token_bucket(63) == 64
+    assert config.token_bucket(64) == 128  # a length exactly on a bucket still needs one padding token
+    assert config.token_bucket(1023) == 1024
+    assert config.token_bucket(1024) == 1280
+    assert config.token_bucket(16384) == 16640
+    assert config.token_bucket(20000) is None  # above the largest bucket: eager
+    assert config.token_buckets()[0] == 16640 and config.token_buckets()[-1] == 64
+
+
+def test_sequence_slots_leave_one_for_the_dummy():
+    config = EngineConfig(device="cuda", max_batch_seqs=512)
+    assert [config.sequence_bucket(n, 16384) for n in (1, 2, 3, 7, 8, 512)] == [2, 4, 4, 8, 16, 513]
+    assert config.sequence_bucket(60, 64) == 64
+
+
+def test_stage_pads_with_zero_length_slots_then_one_dummy_tail():
+    batch = pack([[5, 6, 7], [8, 9]], [[0, 0, 1], None])
+    ints, cu_seqlens = stage(batch, (8, 4))
+    ids, types, positions, segments = ints[:32].view(4, 8).tolist()
+    assert ids == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert types == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert positions == [0, 1, 2, 0, 1, 0, 0, 0]
+    assert segments == [0, 0, 0, 1, 1, 3, 3, 3]
+    assert ints[32:].tolist() == [3, 2, 1, 3]  # lengths; the zero-length slot divides by one
+    assert cu_seqlens.tolist() == [0, 3, 5, 5, 8]
+
+
+def gpu_model(tmp_path, dtype):
+    from engine.attention import select_backend
+    from engine.loader import load_model, resolve_model
+    from tests.engine.test_gpu import save_random_bert
+
+    save_random_bert(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    return load_model(spec, "cuda", dtype, select_backend("torch-varlen", "cuda")), spec
+
+
+def random_batch(lengths, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return pack([torch.randint(5, 1000, (n,), generator=generator).tolist() for n in lengths])
+
+
+@pytest.mark.gpu
+def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path):
+    from engine.attention import AttentionMetadata
+    from engine.cuda_graphs import GraphCache
+
+    model, spec = gpu_model(tmp_path, torch.bfloat16)
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096)
+    graphs = GraphCache(model, config, torch.device("cuda"), max_seqlen=512)
+
+    def eager(batch):
+        meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen).to("cuda")
+        return model(batch.to("cuda"), meta).float()
+
+    shapes = [[63], [64], [65], [31, 32], [32, 32], [1023], [1024], [500, 524], [1, 1, 1]]
+    shapes += [
+        [int(n) for n in torch.randint(1, 300, (k,), generator=torch.Generator().manual_seed(k))]
+        for k in range(2, 9)
+    ]
+    num_graphed = 0
+    with torch.inference_mode():
+        for seed, lengths in enumerate(shapes):
+            for repeat in range(3):  # a new bucket: eager, then capture, then replay
+                batch = random_batch(lengths, seed * 10 + repeat)
+                out = graphs.run(batch)
+                if out is None:
+                    assert repeat == 0
+                    continue
+                num_graphed += 1
+                cosine = torch.nn.functional.cosine_similarity(out.float(), eager(batch))
+                assert cosine.min().item() >= 0.999, (lengths, repeat)
+        # many different batches through one graph: same key (64, 8), different lengths each time
+        for seed in range(40):
+            lengths = [
+                int(n) for n in torch.randint(1, 9, (5,), generator=torch.Generator().manual_seed(100 + seed))
+            ]
+            batch = random_batch(lengths, 1000 + seed)
+            assert graphs.key(batch) == (64, 8)
+            cosine = torch.nn.functional.cosine_similarity(graphs.run(batch).float(), eager(batch))
+            assert cosine.min().item() >= 0.999
+    assert num_graphed >= 2 * len(shapes)
+    assert max(graphs.capture_seconds.values()) < 1.0
+    print({"graphs": len(graphs.graphs), "graph_mib": graphs.memory_bytes / 2**20})
+
+
+@pytest.mark.gpu
+def test_lazy_tensors_resolve_with_many_batches_in_flight(tmp_path):
+    from engine.cuda_graphs import GraphCache
+    from engine.runner import ModelRunner
+
+    model, _ = gpu_model(tmp_path, torch.bfloat16)
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096)
+    runner = ModelRunner(model, torch.device("cuda"), GraphCache(model, config, torch.device("cuda"), 512))
+    batches = [random_batch([8 + i % 5, 20 + i % 3], i) for i in range(64)]
+    pending = [runner.step(batch) for batch in batches]  # no result() between steps
+    results = [lazy.result() for lazy in pending]
+    expected = [runner.step(batch).result() for batch in batches]
+    for got, want in zip(results, expected):
+        assert got.shape == want.shape
+        assert (
+            torch.nn.functional.cosine_similarity(torch.from_numpy(got), torch.from_numpy(want)).min()
+            >= 0.999
+        )
