@@ -12,6 +12,7 @@ from engine.attention import AttentionBackend, AttentionMetadata, varlen_attenti
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
+from engine.layers.add_norm import AddLayerNorm
 from engine.layers.pooling import Pooler, cls_pool
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """Post-norm block: fused-QKV self-attention, then a GELU MLP, each with a residual and LayerNorm."""
+    """Post-norm block: fused-QKV self-attention, then a GELU MLP, each closed by LayerNorm(x + residual)."""
 
     def __init__(self, config: BertConfig, attention_backend: AttentionBackend):
         super().__init__()
@@ -93,19 +94,19 @@ class BertLayer(nn.Module):
         self.attention_backend = attention_backend
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.attention_out = nn.Linear(hidden_size, hidden_size)
-        self.attention_norm = nn.LayerNorm(hidden_size, eps=config.layer_norm_eps)
+        self.attention_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
         self.up = nn.Linear(hidden_size, config.intermediate_size)
         self.act = get_activation(config.hidden_act)
         self.down = nn.Linear(config.intermediate_size, hidden_size)
-        self.mlp_norm = nn.LayerNorm(hidden_size, eps=config.layer_norm_eps)
+        self.mlp_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv(hidden).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend)
-        hidden = self.attention_norm(hidden + self.attention_out(attention.reshape(num_tokens, -1)))
-        return self.mlp_norm(hidden + self.down(self.act(self.up(hidden))))
+        hidden = self.attention_norm(self.attention_out(attention.reshape(num_tokens, -1)), hidden)
+        return self.mlp_norm(self.down(self.act(self.up(hidden))), hidden)
 
 
 class ClassificationHead(nn.Module):
