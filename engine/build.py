@@ -20,16 +20,27 @@ logger = logging.getLogger(__name__)
 
 def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver | None = None) -> Engine:
     device = torch.device(config.device)
-    backend = select_backend(config.attention_backend, device)
+    hf_config = spec.hf_config
+    num_heads = hf_config.num_attention_heads
+    backend = select_backend(
+        config.attention_backend,
+        device,
+        num_heads=num_heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+        dtype=DTYPES[config.dtype],
+        graphs=config.uses_cuda_graphs,
+    )
     model = load_model(spec, device, DTYPES[config.dtype], backend)
     graphs = None
-    if config.uses_cuda_graphs and getattr(backend, "graph_safe", False):
+    if config.uses_cuda_graphs and backend.graph_safe:
         # a padded batch holds real sequences (at most the window) and a dummy tail (below one step)
         graphs = GraphCache(model, config, device, max_seqlen=max(spec.max_seq_length, LARGE_TOKEN_STEP))
     logger.info(
-        "%s: attention backend %s on %s, %s, CUDA graphs %s",
+        "%s: attention backend %s (%s) on %s, %s, CUDA graphs %s",
         spec.name,
         backend.name,
+        backend.reason,
         device,
         config.dtype,
         config.cuda_graphs if graphs is not None else "off",

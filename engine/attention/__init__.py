@@ -1,6 +1,21 @@
 """Packed (varlen) attention: one entry point, `varlen_attention`, and small backend adapters."""
 
-from engine.attention.backends import AttentionBackend, select_backend, varlen_attention
+from engine.attention.backends import (
+    AUTO_ORDER,
+    BACKENDS,
+    AttentionBackend,
+    normalize_window,
+    select_backend,
+    varlen_attention,
+)
 from engine.attention.metadata import AttentionMetadata
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "select_backend", "varlen_attention"]
+__all__ = [
+    "AUTO_ORDER",
+    "BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "normalize_window",
+    "select_backend",
+    "varlen_attention",
+]

@@ -1,4 +1,21 @@
-"""Attention backends by name, `select_backend` (chosen once at start-up) and the one entry point."""
+"""Attention backends by name, `select_backend` (chosen once at start-up, with its reason) and the one
+entry point, `varlen_attention`.
+
+How "auto" chooses: the first backend in its row of AUTO_ORDER that imports, runs on the device and fits
+the model (heads, head dim, dtype, window; see each backend's `check`):
+
+    device  CUDA graphs  order                                         why
+    cpu     either       torch                                         the only CPU path
+    cuda    on           flash-attn, torch-varlen, flashinfer, torch   graph-safe first (no host step per
+                                                                       batch); if neither fits, graphs go off
+    cuda    off          flashinfer, flash-attn, torch-varlen, torch   flashinfer's host plan (0.4-0.9 ms a
+                                                                       batch) hides behind the overlap of
+                                                                       batches at large batch sizes
+    other   either       torch
+
+torch, the reference, is always last. flashinfer fits head dims 64/128/256 in bf16/fp16 only. Without
+the model's head_dim and dtype, auto passes over every backend that has limits on them.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +24,32 @@ from typing import Protocol
 
 import torch
 
+from engine.attention.flash_attn_backend import flash_attn_backend
+from engine.attention.flashinfer_backend import flashinfer_backend
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import TorchAttention, Window
+from engine.attention.support import Window
+from engine.attention.torch_backend import TorchAttention
+from engine.attention.torch_varlen import torch_varlen_backend
 from engine.errors import AttentionBackendUnavailable
 
 
 class AttentionBackend(Protocol):
     name: str
+    graph_safe: bool  # reads only device tensors and an upper-bound max_seqlen: may run inside a CUDA graph
+    head_dims: frozenset[int] | None  # None: any
+    dtypes: frozenset[torch.dtype] | None  # None: any
+    reason: str  # why select_backend chose it, for the start-up log
+
+    def check(
+        self,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        window: Window | None = None,
+    ) -> None:
+        """Raise AttentionBackendUnavailable, saying why, when a model of this shape cannot use it."""
+        ...
 
     def forward(
         self,
@@ -31,25 +67,97 @@ def _torch_backend(device: torch.device) -> AttentionBackend:
 
 
 # name -> factory; a factory raises AttentionBackendUnavailable when its backend cannot run on the device
-BACKENDS: dict[str, Callable[[torch.device], AttentionBackend]] = {"torch": _torch_backend}
-# "auto" tries these in order and takes the first that is available
-AUTO_ORDER: dict[str, tuple[str, ...]] = {"cpu": ("torch",), "cuda": ("torch",)}
+# (a heavy import such as flashinfer happens in the factory, at start-up, never at import)
+BACKENDS: dict[str, Callable[[torch.device], AttentionBackend]] = {
+    "torch": _torch_backend,
+    "torch-varlen": torch_varlen_backend,
+    "flashinfer": flashinfer_backend,
+    "flash-attn": flash_attn_backend,
+}
+
+# (device type, CUDA graphs on) -> the order "auto" tries; the table in the module docstring says why
+AUTO_ORDER: dict[tuple[str, bool], tuple[str, ...]] = {
+    ("cpu", False): ("torch",),
+    ("cpu", True): ("torch",),
+    ("cuda", True): ("flash-attn", "torch-varlen", "flashinfer", "torch"),
+    ("cuda", False): ("flashinfer", "flash-attn", "torch-varlen", "torch"),
+}
+_AUTO_RULES = {
+    ("cpu", False): "CPU: torch",
+    ("cuda", True): "CUDA with graphs: graph-safe backends first",
+    ("cuda", False): "CUDA without graphs: flashinfer first, its host plan hidden by batch overlap",
+}
 
 
-def select_backend(name: str, device: torch.device | str) -> AttentionBackend:
+def select_backend(
+    name: str,
+    device: torch.device | str,
+    *,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
+    window: Window | None = None,
+    graphs: bool = False,
+) -> AttentionBackend:
+    """The backend `name` ("auto" or a key of BACKENDS) for a model of this shape, its `reason` set.
+
+    A shape argument left out is not checked, but "auto" then passes over every backend with head-dim or
+    dtype limits (without the shape it gives torch, as before). `window` is the normalized (left, right)
+    window, as `normalize_window` gives it. `graphs` says whether the engine wants CUDA graphs; it steers
+    "auto" only.
+    """
     device = torch.device(device)
+    shape = {
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "dtype": dtype,
+        "window": window,
+    }
+    graphs = graphs and device.type == "cuda"
     if name == "auto":
-        reasons = []
-        for candidate in AUTO_ORDER.get(device.type, ("torch",)):
+        passed_over = []
+        for candidate in AUTO_ORDER.get((device.type, graphs), ("torch",)):
             try:
-                return BACKENDS[candidate](device)
+                backend = _build(candidate, device, shape)
+                _check_shape_given(backend, head_dim, dtype)
             except AttentionBackendUnavailable as error:
-                reasons.append(f"{candidate}: {error}")
-        raise AttentionBackendUnavailable(f"no attention backend runs on {device}: {'; '.join(reasons)}")
+                passed_over.append(f"{candidate} ({error})")
+                continue
+            reason = f"auto ({_AUTO_RULES.get((device.type, graphs), device.type + ': torch')})"
+            if passed_over:
+                reason += "; passed over " + ", ".join(passed_over)
+            backend.reason = reason + _graphs_note(backend, graphs)
+            return backend
+        raise AttentionBackendUnavailable(f"no attention backend runs on {device}: {', '.join(passed_over)}")
     if name not in BACKENDS:
         known = ", ".join(["auto", *BACKENDS])
         raise AttentionBackendUnavailable(f"unknown attention backend {name!r}; known: {known}")
-    return BACKENDS[name](device)
+    try:
+        backend = _build(name, device, shape)
+    except AttentionBackendUnavailable as error:
+        raise AttentionBackendUnavailable(
+            f"attention backend {name!r} cannot run on {device}: {error}"
+        ) from error
+    backend.reason = "asked for" + _graphs_note(backend, graphs)
+    return backend
+
+
+def _build(name: str, device: torch.device, shape: dict) -> AttentionBackend:
+    backend = BACKENDS[name](device)
+    backend.check(**shape)
+    return backend
+
+
+def _check_shape_given(backend: AttentionBackend, head_dim: int | None, dtype: torch.dtype | None) -> None:
+    """auto picks a backend with limits only when it knows the model fits them."""
+    if (backend.head_dims is not None and head_dim is None) or (backend.dtypes is not None and dtype is None):
+        raise AttentionBackendUnavailable("auto needs the model's head_dim and dtype to choose it")
+
+
+def _graphs_note(backend: AttentionBackend, graphs: bool) -> str:
+    return "; not graph-safe, so CUDA graphs stay off" if graphs and not backend.graph_safe else ""
 
 
 def normalize_window(window: int | tuple[int, int] | None, causal: bool) -> Window | None:

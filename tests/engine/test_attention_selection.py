@@ -1,0 +1,382 @@
+"""Backend selection ("auto" and explicit names) and each CUDA adapter's glue, on the CPU: fake kernels
+(flashinfer, flash_attn.cute, torch's varlen_attn) record their arguments and answer with the torch
+reference, so the outputs match it to atol 1e-5 in fp32."""
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.attention.varlen
+
+from engine.attention import AUTO_ORDER, BACKENDS, AttentionMetadata, select_backend, varlen_attention
+from engine.attention.flash_attn_backend import FlashAttnAttention
+from engine.attention.flashinfer_backend import FlashInferAttention
+from engine.attention.support import check_support
+from engine.attention.torch_backend import TorchAttention
+from engine.attention.torch_varlen import TorchVarlenAttention
+from engine.errors import AttentionBackendUnavailable
+
+SEQLENS = [3, 5, 1, 7]
+
+
+def reference(q, k, v, cu_seqlens, causal, window):
+    meta = AttentionMetadata.build(cu_seqlens.cpu(), int(torch.diff(cu_seqlens).max()))
+    return TorchAttention().forward(q, k, v, meta, causal, window)
+
+
+def batch(num_heads=4, num_kv_heads=4, head_dim=16, seqlens=SEQLENS, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    num_tokens = sum(seqlens)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=generator)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    cu_seqlens = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, AttentionMetadata.build(cu_seqlens, max(seqlens))
+
+
+# ---- selection ------------------------------------------------------------------------------------
+
+
+def test_auto_on_cpu_is_torch():
+    backend = select_backend("auto", "cpu", num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float32)
+    assert backend.name == "torch"
+    assert "CPU" in backend.reason
+    assert select_backend("auto", "cpu", graphs=True).name == "torch"
+
+
+@pytest.mark.parametrize("name", ["torch-varlen", "flashinfer", "flash-attn"])
+def test_cuda_backends_on_cpu_say_why(name):
+    with pytest.raises(AttentionBackendUnavailable, match=f"'{name}' cannot run on cpu: needs a CUDA device"):
+        select_backend(name, "cpu")
+
+
+def test_explicit_choice_checks_the_shape():
+    assert select_backend("torch", "cpu", num_heads=8, num_kv_heads=2).reason == "asked for"
+    with pytest.raises(AttentionBackendUnavailable, match="not a multiple of 3 key/value heads"):
+        select_backend("torch", "cpu", num_heads=8, num_kv_heads=3)
+
+
+def test_every_auto_row_ends_with_the_reference():
+    for order in AUTO_ORDER.values():
+        assert order[-1] == "torch"
+        assert set(order) <= set(BACKENDS)
+    assert AUTO_ORDER["cuda", True][:2] == ("flash-attn", "torch-varlen")
+    assert AUTO_ORDER["cuda", False][0] == "flashinfer"
+
+
+class FakeBackend:
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+    reason = ""
+
+    def __init__(self, name, graph_safe, head_dims):
+        self.name, self.graph_safe, self.head_dims = name, graph_safe, head_dims
+
+    def check(self, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, window=None):
+        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
+
+
+@pytest.fixture
+def fake_cuda_backends(monkeypatch):
+    """Replace the CUDA factories with fakes; returns the set of names to report as not installed."""
+    missing = set()
+    specs = {
+        "flash-attn": (True, frozenset(range(8, 257, 8))),
+        "torch-varlen": (True, frozenset(range(8, 257, 8))),
+        "flashinfer": (False, frozenset({64, 128, 256})),
+    }
+    for name, (graph_safe, head_dims) in specs.items():
+
+        def factory(device, name=name, graph_safe=graph_safe, head_dims=head_dims):
+            if name in missing:
+                raise AttentionBackendUnavailable("not installed")
+            return FakeBackend(name, graph_safe, head_dims)
+
+        monkeypatch.setitem(BACKENDS, name, factory)
+    return missing
+
+
+def auto(graphs, head_dim=64, dtype=torch.bfloat16):
+    return select_backend(
+        "auto", "cuda", num_heads=8, num_kv_heads=2, head_dim=head_dim, dtype=dtype, graphs=graphs
+    )
+
+
+def test_auto_with_graphs_takes_the_first_graph_safe_backend(fake_cuda_backends):
+    assert auto(graphs=True).name == "flash-attn"
+    fake_cuda_backends.add("flash-attn")
+    backend = auto(graphs=True)
+    assert backend.name == "torch-varlen"
+    assert "graph-safe backends first" in backend.reason
+    assert "passed over flash-attn (not installed)" in backend.reason
+
+
+def test_auto_with_graphs_falls_back_to_eager_backends(fake_cuda_backends):
+    fake_cuda_backends.update({"flash-attn", "torch-varlen"})
+    backend = auto(graphs=True)
+    assert backend.name == "flashinfer"
+    assert backend.reason.endswith("not graph-safe, so CUDA graphs stay off")
+    fake_cuda_backends.add("flashinfer")
+    assert auto(graphs=True).name == "torch"
+
+
+def test_auto_without_graphs_prefers_flashinfer_where_the_head_dim_fits(fake_cuda_backends):
+    assert auto(graphs=False).name == "flashinfer"
+    backend = auto(graphs=False, head_dim=32)
+    assert backend.name == "flash-attn"
+    assert "flashinfer (flashinfer supports head dims 64/128/256, not 32)" in backend.reason
+    fake_cuda_backends.update({"flashinfer", "flash-attn"})
+    assert auto(graphs=False).name == "torch-varlen"
+    # fp32 fits none of the CUDA kernels: the reference
+    assert auto(graphs=False, dtype=torch.float32).name == "torch"
+
+
+def test_explicit_choice_that_does_not_fit(fake_cuda_backends):
+    with pytest.raises(AttentionBackendUnavailable, match="'flashinfer' cannot run on cuda: .* not 32"):
+        select_backend("flashinfer", "cuda", head_dim=32)
+    backend = select_backend("flashinfer", "cuda", head_dim=128, graphs=True)
+    assert backend.reason == "asked for; not graph-safe, so CUDA graphs stay off"
+    assert select_backend("torch-varlen", "cuda", head_dim=128, graphs=True).reason == "asked for"
+
+
+def test_auto_without_the_shape_keeps_to_the_reference(fake_cuda_backends):
+    backend = select_backend("auto", "cuda", graphs=True)
+    assert backend.name == "torch"
+    assert "flash-attn (auto needs the model's head_dim and dtype to choose it)" in backend.reason
+
+
+# ---- flashinfer glue --------------------------------------------------------------------------------
+
+
+class FakeRaggedWrapper:
+    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper's plan/run, answered by the torch reference."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", backend="auto"):
+        assert kv_layout == "NHD"
+        self.plans = []
+
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        *,
+        causal=False,
+        window_left=-1,
+        q_data_type=torch.float16,
+        kv_data_type=None,
+    ):
+        assert qo_indptr.device.type == "cpu" and qo_indptr.dtype == torch.int32
+        assert torch.equal(qo_indptr, kv_indptr)
+        self.plans.append((qo_indptr.tolist(), num_qo_heads, num_kv_heads, head_dim_qk, causal, window_left))
+
+    def run(self, q, k, v):
+        indptr, _, _, _, causal, window_left = self.plans[-1]
+        window = None if window_left < 0 else (window_left, 0)
+        return reference(q, k, v, torch.tensor(indptr), causal, window)
+
+
+@pytest.fixture
+def flashinfer_cpu(monkeypatch):
+    module = types.ModuleType("flashinfer")
+    module.BatchPrefillWithRaggedKVCacheWrapper = FakeRaggedWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    monkeypatch.setattr("engine.attention.flashinfer_backend.WORKSPACE_BYTES", 16)
+    return FlashInferAttention(torch.device("cpu"))
+
+
+def test_flashinfer_check(flashinfer_cpu):
+    flashinfer_cpu.check(8, 2, 128, torch.bfloat16)
+    flashinfer_cpu.check(8, 2, 64, torch.float16, window=(16, 0))
+    with pytest.raises(AttentionBackendUnavailable, match="head dims 64/128/256, not 32"):
+        flashinfer_cpu.check(8, 2, 32, torch.bfloat16)
+    with pytest.raises(AttentionBackendUnavailable, match="not float32"):
+        flashinfer_cpu.check(8, 2, 64, torch.float32)
+    with pytest.raises(AttentionBackendUnavailable, match="only causal sliding windows"):
+        flashinfer_cpu.check(8, 2, 64, torch.bfloat16, window=(4, 4))
+
+
+def test_flashinfer_unavailable_without_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    with pytest.raises(AttentionBackendUnavailable, match="flashinfer cannot be imported"):
+        FlashInferAttention(torch.device("cpu"))
+
+
+def test_flashinfer_plans_once_per_batch_and_mask(flashinfer_cpu):
+    q, k, v, meta = batch(num_heads=8, num_kv_heads=2)
+    for _ in range(3):  # three layers of one forward
+        out = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True)
+    torch.testing.assert_close(out, reference(q, k, v, meta.cu_seqlens, True, None), atol=1e-5, rtol=1e-5)
+    windowed = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True, window=2)
+    torch.testing.assert_close(
+        windowed, reference(q, k, v, meta.cu_seqlens, True, (2, 0)), atol=1e-5, rtol=1e-5
+    )
+    first_set = flashinfer_cpu._slots[flashinfer_cpu._turn]
+    plans = [plan for slot in first_set.values() for plan in slot.wrapper.plans]
+    assert plans == [
+        ([0, 3, 8, 9, 16], 8, 2, 16, True, -1),
+        ([0, 3, 8, 9, 16], 8, 2, 16, True, 2),
+    ]
+
+    # the next batch plans again, in the other set of wrappers (the first set's copies may be in flight)
+    q2, k2, v2, meta2 = batch(num_heads=8, num_kv_heads=2, seqlens=[2, 2, 12], seed=1)
+    out2 = varlen_attention(q2, k2, v2, meta2, backend=flashinfer_cpu, causal=False)
+    torch.testing.assert_close(
+        out2, reference(q2, k2, v2, meta2.cu_seqlens, False, None), atol=1e-5, rtol=1e-5
+    )
+    second_set = flashinfer_cpu._slots[flashinfer_cpu._turn]
+    assert second_set is not first_set
+    assert [slot.wrapper.plans for slot in second_set.values()] == [[([0, 2, 4, 16], 8, 2, 16, False, -1)]]
+
+
+def test_flashinfer_refuses_a_batch_without_host_lengths(flashinfer_cpu):
+    q, k, v, meta = batch()
+    graph_meta = AttentionMetadata(
+        cu_seqlens=meta.cu_seqlens,
+        max_seqlen=16,
+        seqlens=(0,) * 4,
+        runs=(),
+        segment_ids=meta.segment_ids,
+        lengths=meta.lengths,
+    )
+    with pytest.raises(ValueError, match="host lengths"):
+        varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu)
+
+
+# ---- torch-varlen glue ------------------------------------------------------------------------------
+
+
+def fake_varlen_attn(calls, native_gqa):
+    """torch 2.11's varlen_attn (no enable_gqa), or a later one with it."""
+
+    def attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size):
+        calls.append({"max": (max_q, max_k), "window_size": window_size, "kv_heads": key.shape[1]})
+        assert cu_seq_q is cu_seq_k and isinstance(window_size, tuple)
+        causal = window_size == (-1, 0)
+        window = None if causal or window_size == (-1, -1) else window_size
+        return reference(query, key, value, cu_seq_q, causal, window)
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        assert key.shape[1] == query.shape[1]
+        return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size)
+
+    def varlen_attn_gqa(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+    ):
+        assert enable_gqa == (key.shape[1] != query.shape[1])
+        return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size)
+
+    return varlen_attn_gqa if native_gqa else varlen_attn
+
+
+@pytest.mark.parametrize("native_gqa", [False, True])
+@pytest.mark.parametrize(
+    ("causal", "window", "window_size"),
+    [(False, None, (-1, -1)), (True, None, (-1, 0)), (True, 3, (3, 0)), (False, (2, 1), (2, 1))],
+)
+def test_torch_varlen_arguments(monkeypatch, native_gqa, causal, window, window_size):
+    calls = []
+    monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", fake_varlen_attn(calls, native_gqa))
+    backend = TorchVarlenAttention()
+    assert backend._native_gqa is native_gqa
+    q, k, v, meta = batch(num_heads=8, num_kv_heads=2)
+    meta.max_seqlen = 1  # below 2 is raised to 2: FlashAttention's one-token GQA shortcut needs real 1s
+    out = varlen_attention(q, k, v, meta, backend=backend, causal=causal, window=window)
+    expected_window = None if window_size in ((-1, -1), (-1, 0)) else window_size
+    torch.testing.assert_close(
+        out, reference(q, k, v, meta.cu_seqlens, causal, expected_window), atol=1e-5, rtol=1e-5
+    )
+    assert calls == [{"max": (2, 2), "window_size": window_size, "kv_heads": 2 if native_gqa else 8}]
+
+
+def test_torch_varlen_needs_window_size(monkeypatch):
+    def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", old_varlen_attn)
+    with pytest.raises(AttentionBackendUnavailable, match="no window_size"):
+        TorchVarlenAttention()
+
+
+def test_torch_varlen_check():
+    backend = TorchVarlenAttention()
+    backend.check(8, 2, 96, torch.bfloat16)
+    with pytest.raises(AttentionBackendUnavailable, match="not float32"):
+        backend.check(8, 2, 64, torch.float32)
+    with pytest.raises(AttentionBackendUnavailable, match="not 12"):
+        backend.check(8, 2, 12, torch.float16)
+
+
+# ---- flash-attn glue --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def flash_attn_cute(monkeypatch):
+    calls = []
+
+    def flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        qv=None,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        causal=False,
+        window_size=(None, None),
+        **rest,
+    ):
+        calls.append({"max": (max_seqlen_q, max_seqlen_k), "causal": causal, "window_size": window_size})
+        left, right = (-1 if side is None else side for side in window_size)
+        window = None if (left, right) == (-1, -1) else (left, 0 if causal else right)
+        return reference(q, k, v, cu_seqlens_q, causal, window), None
+
+    package = types.ModuleType("flash_attn")
+    package.__path__ = []
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = flash_attn_varlen_func
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("causal", "window", "window_size"),
+    [(False, None, (None, None)), (True, None, (None, None)), (True, 3, (3, 0)), (False, 2, (2, None))],
+)
+def test_flash_attn_arguments(flash_attn_cute, causal, window, window_size):
+    backend = FlashAttnAttention((9, 0))
+    q, k, v, meta = batch(num_heads=8, num_kv_heads=2)
+    out = varlen_attention(q, k, v, meta, backend=backend, causal=causal, window=window)
+    left, right = (-1 if side is None else side for side in window_size)
+    expected_window = None if (left, right) == (-1, -1) else (left, right)
+    torch.testing.assert_close(
+        out, reference(q, k, v, meta.cu_seqlens, causal, expected_window), atol=1e-5, rtol=1e-5
+    )
+    assert flash_attn_cute == [{"max": (7, 7), "causal": causal, "window_size": window_size}]
+
+
+def test_flash_attn_head_dims_by_architecture(flash_attn_cute):
+    FlashAttnAttention((9, 0)).check(8, 2, 256, torch.bfloat16)
+    FlashAttnAttention((10, 0)).check(8, 2, 256, torch.bfloat16)
+    with pytest.raises(AttentionBackendUnavailable, match="not 192"):
+        FlashAttnAttention((10, 0)).check(8, 2, 192, torch.bfloat16)
+
+
+def test_flash_attn_unavailable_when_not_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    with pytest.raises(AttentionBackendUnavailable, match="flash_attn.cute"):
+        FlashAttnAttention((9, 0))
