@@ -8,7 +8,7 @@ import torch
 
 from engine.attention.backends import select_backend
 from engine.batch import pack
-from engine.config import LARGE_TOKEN_STEP, EngineConfig
+from engine.config import EngineConfig
 from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
@@ -34,8 +34,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     model = load_model(spec, device, DTYPES[config.dtype], backend)
     graphs = None
     if config.uses_cuda_graphs and backend.graph_safe:
-        # a padded batch holds real sequences (at most the window) and a dummy tail (below one step)
-        graphs = GraphCache(model, config, device, max_seqlen=max(spec.max_seq_length, LARGE_TOKEN_STEP))
+        graphs = GraphCache(model, config, device, max_seqlen=spec.max_seq_length)
     logger.info(
         "%s: attention backend %s (%s) on %s, %s, CUDA graphs %s",
         spec.name,
@@ -48,7 +47,9 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     runner = ModelRunner(model, device, graphs)
     if graphs is not None and config.cuda_graphs == "eager-warmup":
         graphs.warm_up()
-    # warm-up: one short sequence through the whole model before the server says it is ready
+    # warm-up: one short sequence through the whole model before the server says it is ready; on
+    # CUDA this compiles the Triton kernels (seconds, once per machine: Triton caches them)
+    logger.info("%s: warming up", spec.name)
     runner.step(pack([[0, 1]])).result()
     engine = Engine(runner, config, on_batch)
     engine.start()

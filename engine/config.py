@@ -12,6 +12,10 @@ CUDA_GRAPH_MODES = ("off", "lazy", "eager-warmup")
 SMALL_TOKEN_STEP = 64
 SMALL_TOKEN_LIMIT = 1024
 LARGE_TOKEN_STEP = 256
+# sequence-length buckets of a graph: powers of two from MIN_SEQLEN_BUCKET; the padding tail is cut
+# into dummy sequences no longer than the bucket, at most LARGE_TOKEN_STEP // MIN_SEQLEN_BUCKET of them
+MIN_SEQLEN_BUCKET = 64
+MAX_DUMMY_SEQS = LARGE_TOKEN_STEP // MIN_SEQLEN_BUCKET
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +62,16 @@ class EngineConfig:
         largest = -(-(self.max_batch_tokens + 1) // LARGE_TOKEN_STEP) * LARGE_TOKEN_STEP
         return bucket if bucket <= largest else None
 
-    def sequence_bucket(self, num_seqs: int, token_bucket: int) -> int:
-        """Sequence slots of a graph: a power of two above `num_seqs` (the dummy takes one), at most
-        one more than a batch of that many tokens can hold."""
-        return min(1 << num_seqs.bit_length(), min(token_bucket, self.max_batch_seqs) + 1)
+    def sequence_bucket(self, num_slots: int, token_bucket: int) -> int:
+        """Sequence slots of a graph: a power of two from `num_slots` (real and dummy sequences), at
+        most what a batch of that many tokens can hold plus the dummies."""
+        return min(1 << (num_slots - 1).bit_length(), min(token_bucket, self.max_batch_seqs) + MAX_DUMMY_SEQS)
+
+    @staticmethod
+    def seqlen_bucket(max_seqlen: int, largest: int) -> int:
+        """The longest sequence a graph is built for: a power of two, at least MIN_SEQLEN_BUCKET.
+        Attention kernels size their grids by it, so short inputs get small grids."""
+        return min(max(MIN_SEQLEN_BUCKET, 1 << (max_seqlen - 1).bit_length()), largest)
 
     def token_buckets(self) -> list[int]:
         """Every token bucket, largest first (the capture order of eager-warmup)."""

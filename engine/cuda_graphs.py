@@ -1,6 +1,7 @@
-"""GraphCache: whole-model CUDA graphs per (token bucket, sequence slots), captured lazily into
-one shared memory pool; attention metadata lives in fixed-address buffers so a graph replays with
-new lengths. A batch is padded with one dummy sequence (the tail tokens) and zero-length slots."""
+"""GraphCache: whole-model CUDA graphs per (token bucket, sequence slots, sequence-length bucket),
+captured lazily into one shared memory pool; attention metadata lives in fixed-address buffers so a
+graph replays with new lengths. A batch is padded with zero-length slots and dummy sequences over
+the tail tokens, none longer than the length bucket."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
-from engine.config import EngineConfig
+from engine.config import (
+    LARGE_TOKEN_STEP,
+    MIN_SEQLEN_BUCKET,
+    SMALL_TOKEN_LIMIT,
+    SMALL_TOKEN_STEP,
+    EngineConfig,
+)
 
 logger = logging.getLogger(__name__)
 
-GraphKey = tuple[int, int]  # (token bucket, sequence slots)
+GraphKey = tuple[int, int, int]  # (token bucket, sequence slots, sequence-length bucket)
 
 
 @dataclass(slots=True)
@@ -31,8 +38,8 @@ class _StaticInputs:
     meta: AttentionMetadata
 
     @classmethod
-    def allocate(cls, key: GraphKey, max_seqlen: int, device: torch.device) -> _StaticInputs:
-        num_tokens, num_slots = key
+    def allocate(cls, key: GraphKey, device: torch.device) -> _StaticInputs:
+        num_tokens, num_slots, max_seqlen = key
         ints = torch.zeros(4 * num_tokens + num_slots, dtype=torch.int64, device=device)
         cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         ids, types, positions, segments = ints[: 4 * num_tokens].view(4, num_tokens).unbind(0)
@@ -50,27 +57,32 @@ class _StaticInputs:
         return cls(ints, cu_seqlens, batch, meta)
 
 
+def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
+    """Dummy sequences over the padding tail (at least one token of it), none longer than max_seqlen."""
+    return -(-(token_bucket - num_tokens) // max_seqlen)
+
+
 def stage(batch: PackedBatch, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host staging tensors for `batch` padded to `key`: real sequences, zero-length slots, then
-    one dummy sequence over the tail tokens (it soaks up the padding and is never read back)."""
-    num_tokens, num_slots = key
+    """Host staging tensors for `batch` padded to `key`: real sequences, zero-length slots, then the
+    dummy sequences over the tail tokens (they soak up the padding and are never read back)."""
+    num_tokens, num_slots, max_seqlen = key
     real_tokens, real_seqs = batch.num_tokens, batch.num_seqs
+    dummies = num_dummies(real_tokens, num_tokens, max_seqlen)
     cu_real = batch.cu_seqlens.numpy()
-    lengths = np.diff(cu_real).astype(np.int64)
+    dummy_starts = np.arange(real_tokens, num_tokens, max_seqlen)
+    cu_seqlens = np.full(num_slots + 1, real_tokens, dtype=np.int32)
+    cu_seqlens[: real_seqs + 1] = cu_real
+    cu_seqlens[num_slots - dummies : num_slots] = dummy_starts
+    cu_seqlens[-1] = num_tokens
     ints = np.zeros(4 * num_tokens + num_slots, dtype=np.int64)
     ids, types, positions, segments = ints[: 4 * num_tokens].reshape(4, num_tokens)
     ids[:real_tokens] = batch.input_ids.numpy()
     types[:real_tokens] = batch.token_type_ids.numpy()
     positions[:real_tokens] = batch.positions.numpy()
-    segments[:real_tokens] = np.repeat(np.arange(real_seqs), lengths)
-    segments[real_tokens:] = num_slots - 1
-    slot_lengths = ints[4 * num_tokens :]
-    slot_lengths[:] = 1  # zero-length slots divide by one in mean pooling, never by zero
-    slot_lengths[:real_seqs] = lengths
-    slot_lengths[-1] = num_tokens - real_tokens
-    cu_seqlens = np.full(num_slots + 1, real_tokens, dtype=np.int32)
-    cu_seqlens[: real_seqs + 1] = cu_real
-    cu_seqlens[-1] = num_tokens
+    slot_lengths = np.diff(cu_seqlens).astype(np.int64)
+    segments[:] = np.repeat(np.arange(num_slots), slot_lengths)
+    # zero-length slots divide by one in mean pooling, never by zero
+    ints[4 * num_tokens :] = np.maximum(slot_lengths, 1)
     return torch.from_numpy(ints), torch.from_numpy(cu_seqlens)
 
 
@@ -83,11 +95,11 @@ class _Graph:
 
 class GraphCache:
     def __init__(self, model: torch.nn.Module, config: EngineConfig, device: torch.device, max_seqlen: int):
+        """`max_seqlen`: the model window, the longest real sequence a batch can hold."""
         self.model = model
         self.config = config
         self.device = device
-        # an upper bound of any sequence in a padded batch: the model window or the dummy tail
-        self.max_seqlen = max_seqlen
+        self.largest_seqlen_bucket = max(MIN_SEQLEN_BUCKET, 1 << (max_seqlen - 1).bit_length())
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_hits: Counter[GraphKey] = Counter()
@@ -98,9 +110,18 @@ class GraphCache:
         token_bucket = self.config.token_bucket(batch.num_tokens)
         if token_bucket is None:
             return None
-        # pre-warmed graphs have the most slots of their token bucket, so every batch finds one
-        num_seqs = self.config.max_batch_seqs if self.config.cuda_graphs == "eager-warmup" else batch.num_seqs
-        return token_bucket, self.config.sequence_bucket(num_seqs, token_bucket)
+        if self.config.cuda_graphs == "eager-warmup":
+            # pre-warmed graphs have the most slots and the longest sequences: every batch finds one
+            return self.warm_key(token_bucket)
+        seqlen = self.config.seqlen_bucket(batch.max_seqlen, self.largest_seqlen_bucket)
+        num_slots = batch.num_seqs + num_dummies(batch.num_tokens, token_bucket, seqlen)
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen
+
+    def warm_key(self, token_bucket: int) -> GraphKey:
+        seqlen = self.largest_seqlen_bucket
+        padding = SMALL_TOKEN_STEP if token_bucket <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
+        num_slots = self.config.max_batch_seqs + num_dummies(token_bucket - padding, token_bucket, seqlen)
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
         """[num_seqs, out_dim] rows on the device from a graph, or None: run this batch eagerly."""
@@ -122,8 +143,10 @@ class GraphCache:
 
     def capture(self, key: GraphKey) -> _Graph:
         started = time.perf_counter()
+        # capture itself empties the allocator's cache: empty it first so the growth is the pool's
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
-        inputs = _StaticInputs.allocate(key, min(self.max_seqlen, key[0]), self.device)
+        inputs = _StaticInputs.allocate(key, self.device)
         # a valid batch in the buffers while capturing: one sequence of one token, then the dummy
         ints, cu_seqlens = stage(_one_token_batch(), key)
         inputs.ints.copy_(ints)
@@ -146,7 +169,7 @@ class GraphCache:
     def warm_up(self) -> None:
         """eager-warmup: capture every token bucket with its largest slot count, largest first."""
         for token_bucket in self.config.token_buckets():
-            key = (token_bucket, self.config.sequence_bucket(self.config.max_batch_seqs, token_bucket))
+            key = self.warm_key(token_bucket)
             if key not in self.graphs:
                 self.capture(key)
         logger.info("captured %d CUDA graphs, %.0f MiB", len(self.graphs), self.memory_bytes / 2**20)
