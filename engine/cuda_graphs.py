@@ -147,8 +147,8 @@ class GraphCache:
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         inputs = _StaticInputs.allocate(key, self.device)
-        # a valid batch in the buffers while capturing: one sequence of one token, then the dummy
-        ints, cu_seqlens = stage(_one_token_batch(), key)
+        # a valid batch in the buffers while capturing: one sequence as long as the key allows
+        ints, cu_seqlens = stage(_placeholder_batch(key), key)
         inputs.ints.copy_(ints)
         inputs.cu_seqlens.copy_(cu_seqlens)
         side = torch.cuda.Stream(self.device)
@@ -175,6 +175,11 @@ class GraphCache:
         logger.info("captured %d CUDA graphs, %.0f MiB", len(self.graphs), self.memory_bytes / 2**20)
 
 
-def _one_token_batch() -> PackedBatch:
-    one = torch.zeros(1, dtype=torch.int64)
-    return PackedBatch(one, one, one, torch.tensor([0, 1], dtype=torch.int32), 1)
+def _placeholder_batch(key: GraphKey) -> PackedBatch:
+    """One sequence of min(length bucket, tokens - 1) zeros: with its dummies it fits any key that
+    a real batch produced, since a real batch of k sequences needs at least ceil(tokens / bucket)
+    slots."""
+    num_tokens, _, max_seqlen = key
+    length = min(max_seqlen, num_tokens - 1)
+    zeros = torch.zeros(length, dtype=torch.int64)
+    return PackedBatch(zeros, zeros, zeros, torch.tensor([0, length], dtype=torch.int32), length)

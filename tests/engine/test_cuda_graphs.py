@@ -134,3 +134,19 @@ def test_lazy_tensors_resolve_with_many_batches_in_flight(tmp_path):
             torch.nn.functional.cosine_similarity(torch.from_numpy(got), torch.from_numpy(want)).min()
             >= 0.999
         )
+
+
+def test_the_capture_placeholder_fits_every_key_a_batch_can_produce():
+    from engine.cuda_graphs import GraphCache, _placeholder_batch
+
+    config = EngineConfig(device="cuda", max_batch_tokens=4096, max_batch_seqs=64)
+    graphs = GraphCache.__new__(GraphCache)
+    graphs.config, graphs.largest_seqlen_bucket = config, 512
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        num_seqs = int(torch.randint(1, 65, (1,), generator=generator))
+        lengths = torch.randint(1, 513, (num_seqs,), generator=generator).tolist()
+        while sum(lengths) > 4096:
+            lengths.pop()
+        key = graphs.key(pack([[1] * n for n in lengths]))
+        stage(_placeholder_batch(key), key)  # raises when the placeholder does not fit
