@@ -16,6 +16,7 @@ LARGE_TOKEN_STEP = 256
 # into dummy sequences no longer than the bucket, at most LARGE_TOKEN_STEP // MIN_SEQLEN_BUCKET of them
 MIN_SEQLEN_BUCKET = 64
 MAX_DUMMY_SEQS = LARGE_TOKEN_STEP // MIN_SEQLEN_BUCKET
+SLOT_STEP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,14 @@ class EngineConfig:
         return bucket if bucket <= largest else None
 
     def sequence_bucket(self, num_slots: int, token_bucket: int) -> int:
-        """Sequence slots of a graph: a power of two from `num_slots` (real and dummy sequences), at
-        most what a batch of that many tokens can hold plus the dummies."""
-        return min(1 << (num_slots - 1).bit_length(), min(token_bucket, self.max_batch_seqs) + MAX_DUMMY_SEQS)
+        """Sequence slots of a graph for `num_slots` real and dummy sequences: a power of two up to
+        SLOT_STEP, then a multiple of it (each empty slot still costs attention a thread block per
+        head), at most what a batch of that many tokens can hold plus the dummies."""
+        if num_slots <= SLOT_STEP:
+            slots = 1 << (num_slots - 1).bit_length()
+        else:
+            slots = -(-num_slots // SLOT_STEP) * SLOT_STEP
+        return min(slots, min(token_bucket, self.max_batch_seqs) + MAX_DUMMY_SEQS)
 
     @staticmethod
     def seqlen_bucket(max_seqlen: int, largest: int) -> int:

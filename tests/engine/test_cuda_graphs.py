@@ -23,7 +23,9 @@ def test_token_buckets_round_up_with_room_for_the_dummy_sequence():
 
 def test_sequence_slots_and_length_buckets():
     config = EngineConfig(device="cuda", max_batch_seqs=512)
-    assert [config.sequence_bucket(n, 16384) for n in (2, 3, 4, 8, 9, 516)] == [2, 4, 4, 8, 16, 516]
+    assert [config.sequence_bucket(n, 16384) for n in (2, 3, 4, 8, 9, 64, 65, 328, 516)] == [
+        2, 4, 4, 8, 16, 64, 128, 384, 516,
+    ]  # fmt: skip
     assert config.sequence_bucket(60, 64) == 64
     assert [config.seqlen_bucket(n, 512) for n in (1, 50, 64, 65, 300, 512)] == [64, 64, 64, 128, 512, 512]
 
