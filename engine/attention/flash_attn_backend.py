@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import Window, check_support
+from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 
@@ -16,7 +16,7 @@ def head_dims_for(major: int) -> frozenset[int]:
     return frozenset(range(8, 129, 8)) | {256}
 
 
-class FlashAttnAttention:
+class FlashAttnAttention(SupportChecks):
     name = "flash-attn"
     graph_safe = True
     dtypes = frozenset({torch.bfloat16, torch.float16})
@@ -31,16 +31,6 @@ class FlashAttnAttention:
             ) from error
         self._varlen = flash_attn_varlen_func
         self.head_dims = head_dims_for(compute_capability[0])
-
-    def check(
-        self,
-        num_heads: int | None = None,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        dtype: torch.dtype | None = None,
-        window: Window | None = None,
-    ) -> None:
-        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
 
     def forward(
         self,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import Window, check_support
+from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def host_indptr(seqlens: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32)
 
 
-class FlashInferAttention:
+class FlashInferAttention(SupportChecks):
     name = "flashinfer"
     graph_safe = False  # plan() reads the lengths on the host each batch
     head_dims = frozenset({64, 128, 256})
@@ -95,7 +95,7 @@ class FlashInferAttention:
         dtype: torch.dtype | None = None,
         window: Window | None = None,
     ) -> None:
-        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
+        super().check(num_heads, num_kv_heads, head_dim, dtype)
         causal, window_left = mask_arguments(False, window)
         if None in (num_heads, num_kv_heads, head_dim, dtype) or self.device.type != "cuda":
             return

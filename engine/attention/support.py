@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from engine.errors import AttentionBackendUnavailable
@@ -11,34 +9,36 @@ from engine.errors import AttentionBackendUnavailable
 Window = tuple[int, int]  # (left, right) keys around each query; -1 is unbounded
 
 
-class Supports(Protocol):
+class SupportChecks:
+    """The checks every adapter shares; an adapter sets `name`, `head_dims` and `dtypes`."""
+
     name: str
-    head_dims: frozenset[int] | None  # None: any
-    dtypes: frozenset[torch.dtype] | None  # None: any
+    head_dims: frozenset[int] | None = None  # None: any
+    dtypes: frozenset[torch.dtype] | None = None  # None: any
 
-
-def check_support(
-    backend: Supports,
-    num_heads: int | None,
-    num_kv_heads: int | None,
-    head_dim: int | None,
-    dtype: torch.dtype | None,
-) -> None:
-    """Raise AttentionBackendUnavailable saying why `backend` cannot run this shape; None skips a check."""
-    if num_heads is not None and num_kv_heads is not None:
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
+    def check(
+        self,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        window: Window | None = None,
+    ) -> None:
+        """Raise AttentionBackendUnavailable saying why this backend cannot run the shape; None skips."""
+        if num_heads is not None and num_kv_heads is not None:
+            if num_kv_heads < 1 or num_heads % num_kv_heads:
+                raise AttentionBackendUnavailable(
+                    f"{num_heads} query heads are not a multiple of {num_kv_heads} key/value heads"
+                )
+        if head_dim is not None and self.head_dims is not None and head_dim not in self.head_dims:
             raise AttentionBackendUnavailable(
-                f"{num_heads} query heads are not a multiple of {num_kv_heads} key/value heads"
+                f"{self.name} supports head dims {describe_head_dims(self.head_dims)}, not {head_dim}"
             )
-    if head_dim is not None and backend.head_dims is not None and head_dim not in backend.head_dims:
-        raise AttentionBackendUnavailable(
-            f"{backend.name} supports head dims {describe_head_dims(backend.head_dims)}, not {head_dim}"
-        )
-    if dtype is not None and backend.dtypes is not None and dtype not in backend.dtypes:
-        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in backend.dtypes))
-        raise AttentionBackendUnavailable(
-            f"{backend.name} supports {names}, not {str(dtype).removeprefix('torch.')}"
-        )
+        if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+            raise AttentionBackendUnavailable(
+                f"{self.name} supports {names}, not {str(dtype).removeprefix('torch.')}"
+            )
 
 
 def describe_head_dims(head_dims: frozenset[int]) -> str:

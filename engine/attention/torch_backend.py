@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import Window, check_support
+from engine.attention.support import SupportChecks, Window
 
 
 def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tensor:
@@ -22,22 +22,12 @@ def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tens
     return allowed
 
 
-class TorchAttention:
+class TorchAttention(SupportChecks):
     name = "torch"
     graph_safe = False  # splits the batch by the host-side runs of the metadata
     head_dims = None
     dtypes = None
     reason = ""
-
-    def check(
-        self,
-        num_heads: int | None = None,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        dtype: torch.dtype | None = None,
-        window: Window | None = None,
-    ) -> None:
-        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
 
     def forward(
         self,

@@ -8,11 +8,11 @@ import inspect
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import Window, check_support
+from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 
-class TorchVarlenAttention:
+class TorchVarlenAttention(SupportChecks):
     name = "torch-varlen"
     graph_safe = True
     head_dims = frozenset(range(8, 257, 8))  # FlashAttention 2: multiples of 8 up to 256
@@ -34,16 +34,6 @@ class TorchVarlenAttention:
         self._varlen_attn = varlen_attn
         # torch 2.11 has no enable_gqa: key/value heads are then repeated up to the query heads
         self._native_gqa = "enable_gqa" in parameters
-
-    def check(
-        self,
-        num_heads: int | None = None,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        dtype: torch.dtype | None = None,
-        window: Window | None = None,
-    ) -> None:
-        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
 
     def forward(
         self,

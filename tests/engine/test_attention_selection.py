@@ -12,7 +12,7 @@ import torch.nn.attention.varlen
 from engine.attention import AUTO_ORDER, BACKENDS, AttentionMetadata, select_backend, varlen_attention
 from engine.attention.flash_attn_backend import FlashAttnAttention
 from engine.attention.flashinfer_backend import FlashInferAttention
-from engine.attention.support import check_support
+from engine.attention.support import SupportChecks
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import TorchVarlenAttention
 from engine.errors import AttentionBackendUnavailable
@@ -65,15 +65,12 @@ def test_every_auto_row_ends_with_the_reference():
     assert AUTO_ORDER["cuda", False][0] == "flashinfer"
 
 
-class FakeBackend:
+class FakeBackend(SupportChecks):
     dtypes = frozenset({torch.bfloat16, torch.float16})
     reason = ""
 
     def __init__(self, name, graph_safe, head_dims):
         self.name, self.graph_safe, self.head_dims = name, graph_safe, head_dims
-
-    def check(self, num_heads=None, num_kv_heads=None, head_dim=None, dtype=None, window=None):
-        check_support(self, num_heads, num_kv_heads, head_dim, dtype)
 
 
 @pytest.fixture
