@@ -133,7 +133,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         return samples
 
     def embed_batch1() -> np.ndarray:
-        return runner.step(pack(single, pin_memory=True)).result()
+        return runner.step(pack(single)).result()
 
     async def saturate() -> None:
         await asyncio.gather(*(engine.run(request) for request in requests))

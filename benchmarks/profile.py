@@ -28,11 +28,11 @@ def main() -> None:
     try:
         for name, sequences in cases.items():
             for _ in range(4):
-                runner.step(pack(sequences, pin_memory=True)).result()
+                runner.step(pack(sequences)).result()
             host = []
             for _ in range(50):
                 start = time.perf_counter()
-                batch = pack(sequences, pin_memory=True)
+                batch = pack(sequences)
                 packed = time.perf_counter()
                 lazy = runner.step(batch)
                 stepped = time.perf_counter()
@@ -42,7 +42,7 @@ def main() -> None:
             print(f"== {name}: pack {pack_s:.3f} ms, step (host) {step_s:.3f} ms, wait {wait_s:.3f} ms")
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
                 for _ in range(5):
-                    runner.step(pack(sequences, pin_memory=True)).result()
+                    runner.step(pack(sequences)).result()
             table = trace.key_averages().table(
                 sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60
             )

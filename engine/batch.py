@@ -26,6 +26,15 @@ class PackedBatch:
     def num_seqs(self) -> int:
         return self.cu_seqlens.shape[0] - 1
 
+    def pin_memory(self) -> PackedBatch:
+        return PackedBatch(
+            input_ids=self.input_ids.pin_memory(),
+            token_type_ids=self.token_type_ids.pin_memory(),
+            positions=self.positions.pin_memory(),
+            cu_seqlens=self.cu_seqlens.pin_memory(),
+            max_seqlen=self.max_seqlen,
+        )
+
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(
             input_ids=self.input_ids.to(device, non_blocking=True),
@@ -39,7 +48,6 @@ class PackedBatch:
 def pack(
     token_ids: Sequence[Sequence[int]],
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
-    pin_memory: bool = False,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros."""
     lengths = np.fromiter(map(len, token_ids), dtype=np.int64, count=len(token_ids))
@@ -55,8 +63,5 @@ def pack(
         for start, types in zip(cu_seqlens[:-1].tolist(), token_type_ids):
             if types is not None:
                 flat_types[start : start + len(types)] = types
-    tensors = [torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens)]
-    if pin_memory:
-        tensors = [tensor.pin_memory() for tensor in tensors]
-    input_ids, types_tensor, positions_tensor, cu_tensor = tensors
-    return PackedBatch(input_ids, types_tensor, positions_tensor, cu_tensor, int(lengths.max()))
+    tensors = (torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens))
+    return PackedBatch(*tensors, max_seqlen=int(lengths.max()))

@@ -30,20 +30,23 @@ GraphKey = tuple[int, int, int]  # (token bucket, sequence slots, sequence-lengt
 
 @dataclass(slots=True)
 class _StaticInputs:
-    """Device buffers a graph reads, filled from two pinned host staging tensors per step."""
+    """Device buffers a graph reads, filled by one host-to-device copy per step from a pinned
+    staging buffer laid out the same way."""
 
-    ints: torch.Tensor  # [4 * num_tokens + num_slots] int64: ids | types | positions | segments | lengths
-    cu_seqlens: torch.Tensor  # [num_slots + 1] int32
+    # [4 * num_tokens + 2 * num_slots + 1] int64: ids | types | positions | segments | lengths | cu_seqlens
+    ints: torch.Tensor
+    cu_seqlens_int64: torch.Tensor  # a view of the tail of `ints`
+    cu_seqlens: torch.Tensor  # [num_slots + 1] int32, filled from the view inside the graph
     batch: PackedBatch
     meta: AttentionMetadata
 
     @classmethod
     def allocate(cls, key: GraphKey, device: torch.device) -> _StaticInputs:
         num_tokens, num_slots, max_seqlen = key
-        ints = torch.zeros(4 * num_tokens + num_slots, dtype=torch.int64, device=device)
+        ints = torch.zeros(staging_size(key), dtype=torch.int64, device=device)
         cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         ids, types, positions, segments = ints[: 4 * num_tokens].view(4, num_tokens).unbind(0)
-        lengths = ints[4 * num_tokens :]
+        lengths = ints[4 * num_tokens : 4 * num_tokens + num_slots]
         batch = PackedBatch(ids, types, positions, cu_seqlens, max_seqlen)
         # only graph-safe backends run here: they read cu_seqlens and max_seqlen (an upper bound)
         meta = AttentionMetadata(
@@ -54,7 +57,12 @@ class _StaticInputs:
             segment_ids=segments,
             lengths=lengths,
         )
-        return cls(ints, cu_seqlens, batch, meta)
+        return cls(ints, ints[4 * num_tokens + num_slots :], cu_seqlens, batch, meta)
+
+
+def staging_size(key: GraphKey) -> int:
+    num_tokens, num_slots, _ = key
+    return 4 * num_tokens + 2 * num_slots + 1
 
 
 def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
@@ -62,28 +70,30 @@ def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
     return -(-(token_bucket - num_tokens) // max_seqlen)
 
 
-def stage(batch: PackedBatch, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host staging tensors for `batch` padded to `key`: real sequences, zero-length slots, then the
-    dummy sequences over the tail tokens (they soak up the padding and are never read back)."""
+def stage(batch: PackedBatch, key: GraphKey, out: np.ndarray | None = None) -> np.ndarray:
+    """The staging layout of `batch` padded to `key` (into `out` when given): real sequences,
+    zero-length slots, then the dummy sequences over the tail tokens (they soak up the padding and
+    are never read back)."""
     num_tokens, num_slots, max_seqlen = key
     real_tokens, real_seqs = batch.num_tokens, batch.num_seqs
     dummies = num_dummies(real_tokens, num_tokens, max_seqlen)
-    cu_real = batch.cu_seqlens.numpy()
-    dummy_starts = np.arange(real_tokens, num_tokens, max_seqlen)
-    cu_seqlens = np.full(num_slots + 1, real_tokens, dtype=np.int32)
-    cu_seqlens[: real_seqs + 1] = cu_real
-    cu_seqlens[num_slots - dummies : num_slots] = dummy_starts
-    cu_seqlens[-1] = num_tokens
-    ints = np.zeros(4 * num_tokens + num_slots, dtype=np.int64)
+    ints = np.empty(staging_size(key), dtype=np.int64) if out is None else out
     ids, types, positions, segments = ints[: 4 * num_tokens].reshape(4, num_tokens)
+    slot_lengths = ints[4 * num_tokens : 4 * num_tokens + num_slots]
+    cu_seqlens = ints[4 * num_tokens + num_slots :]
+    cu_seqlens[:] = real_tokens
+    cu_seqlens[: real_seqs + 1] = batch.cu_seqlens.numpy()
+    cu_seqlens[num_slots - dummies : num_slots] = np.arange(real_tokens, num_tokens, max_seqlen)
+    cu_seqlens[-1] = num_tokens
     ids[:real_tokens] = batch.input_ids.numpy()
     types[:real_tokens] = batch.token_type_ids.numpy()
     positions[:real_tokens] = batch.positions.numpy()
-    slot_lengths = np.diff(cu_seqlens).astype(np.int64)
+    ids[real_tokens:] = types[real_tokens:] = positions[real_tokens:] = 0
+    np.subtract(cu_seqlens[1:], cu_seqlens[:-1], out=slot_lengths)
     segments[:] = np.repeat(np.arange(num_slots), slot_lengths)
     # zero-length slots divide by one in mean pooling, never by zero
-    ints[4 * num_tokens :] = np.maximum(slot_lengths, 1)
-    return torch.from_numpy(ints), torch.from_numpy(cu_seqlens)
+    np.maximum(slot_lengths, 1, out=slot_lengths)
+    return ints
 
 
 @dataclass(slots=True)
@@ -91,6 +101,8 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: _StaticInputs
     output: torch.Tensor  # [num_slots, out_dim], in the shared pool: read before the next replay
+    staging: torch.Tensor  # pinned host twin of inputs.ints
+    staged: torch.cuda.Event  # the last copy out of `staging`: wait for it before writing again
 
 
 class GraphCache:
@@ -135,9 +147,10 @@ class GraphCache:
             if self.num_hits[key] < 2:
                 return None
             graph = self.capture(key)
-        ints, cu_seqlens = stage(batch, key)
-        graph.inputs.ints.copy_(ints.pin_memory(), non_blocking=True)
-        graph.inputs.cu_seqlens.copy_(cu_seqlens.pin_memory(), non_blocking=True)
+        graph.staged.synchronize()  # long done in practice: the copy ran before the last replay
+        stage(batch, key, out=graph.staging.numpy())
+        graph.inputs.ints.copy_(graph.staging, non_blocking=True)
+        graph.staged.record()
         graph.graph.replay()
         return graph.output[: batch.num_seqs]
 
@@ -148,18 +161,24 @@ class GraphCache:
         reserved = torch.cuda.memory_reserved(self.device)
         inputs = _StaticInputs.allocate(key, self.device)
         # a valid batch in the buffers while capturing: one sequence as long as the key allows
-        ints, cu_seqlens = stage(_placeholder_batch(key), key)
-        inputs.ints.copy_(ints)
-        inputs.cu_seqlens.copy_(cu_seqlens)
+        inputs.ints.copy_(torch.from_numpy(stage(_placeholder_batch(key), key)))
+
+        def forward() -> torch.Tensor:
+            inputs.cu_seqlens.copy_(inputs.cu_seqlens_int64)
+            return self.model(inputs.batch, inputs.meta)
+
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.model(inputs.batch, inputs.meta)  # warm-up run outside the graph
+            forward()  # warm-up run outside the graph
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            output = self.model(inputs.batch, inputs.meta)
-        captured = _Graph(graph, inputs, output)
+            output = forward()
+        staging = torch.empty(staging_size(key), dtype=torch.int64, pin_memory=True)
+        staged = torch.cuda.Event()
+        staged.record()
+        captured = _Graph(graph, inputs, output, staging, staged)
         self.graphs[key] = captured
         self.capture_seconds[key] = time.perf_counter() - started
         self.memory_bytes += torch.cuda.memory_reserved(self.device) - reserved

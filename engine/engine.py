@@ -132,9 +132,7 @@ class Engine:
     def _launch(self, batch: list[ScheduledSequence]) -> _InFlight | None:
         try:
             packed = pack(
-                [sequence.token_ids for sequence in batch],
-                [sequence.token_type_ids for sequence in batch],
-                pin_memory=self.runner.device.type == "cuda",
+                [sequence.token_ids for sequence in batch], [sequence.token_type_ids for sequence in batch]
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed

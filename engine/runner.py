@@ -29,6 +29,8 @@ class ModelRunner:
         if output is None:
             # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
             meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen).to(self.device)
+            if self.device.type == "cuda":
+                batch = batch.pin_memory()  # so the copies below do not block the host
             output = self.model(batch.to(self.device), meta)
         rows = LazyTensor(output.float(), self.copy_stream)
         self._last_copy = rows.copied

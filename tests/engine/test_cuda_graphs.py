@@ -1,6 +1,7 @@
 """Graph buckets and padding (CPU), and on CUDA: replay equals eager at bucket edges and across
 many batches through one graph, and LazyTensor results with many batches in flight."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,14 +34,16 @@ def test_sequence_slots_and_length_buckets():
 def test_stage_pads_with_zero_length_slots_then_dummies_no_longer_than_the_length_bucket():
     batch = pack([[5, 6, 7], [8, 9]], [[0, 0, 1], None])
     # 5 real tokens padded to 12, sequences of at most 4: dummies of 4 and 3 tokens after one empty slot
-    ints, cu_seqlens = stage(batch, (12, 5, 4))
-    ids, types, positions, segments = ints[:48].view(4, 12).tolist()
+    ints = stage(batch, (12, 5, 4))
+    ids, types, positions, segments = ints[:48].reshape(4, 12).tolist()
     assert ids == [5, 6, 7, 8, 9] + [0] * 7
     assert types == [0, 0, 1] + [0] * 9
     assert positions == [0, 1, 2, 0, 1] + [0] * 7
     assert segments == [0, 0, 0, 1, 1, 3, 3, 3, 3, 4, 4, 4]
-    assert ints[48:].tolist() == [3, 2, 1, 4, 3]  # slot lengths; the empty slot divides by one
-    assert cu_seqlens.tolist() == [0, 3, 5, 5, 9, 12]
+    assert ints[48:53].tolist() == [3, 2, 1, 4, 3]  # slot lengths; the empty slot divides by one
+    assert ints[53:].tolist() == [0, 3, 5, 5, 9, 12]  # cu_seqlens
+    # staging into a used buffer gives the same layout
+    assert (stage(batch, (12, 5, 4), out=np.full(59, 7, dtype=np.int64)) == ints).all()
 
 
 def test_graph_key_reserves_slots_for_the_dummies():
