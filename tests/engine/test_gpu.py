@@ -24,10 +24,17 @@ MINILM_SHAPE = {
     "num_hidden_layers": 6,
     "num_attention_heads": 12,
     "intermediate_size": 1536,
-}
+}  # head dim 32
+BERT_BASE_SHAPE = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+}  # head dim 64
+SHAPES = {"minilm": MINILM_SHAPE, "bert-base": BERT_BASE_SHAPE}
 
 
-def save_random_bert(folder, architecture="BertModel", num_labels=1):
+def save_random_bert(folder, architecture="BertModel", num_labels=1, shape=MINILM_SHAPE):
     import transformers
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -39,7 +46,7 @@ def save_random_bert(folder, architecture="BertModel", num_labels=1):
         max_position_embeddings=512,
         num_labels=num_labels,
         architectures=[architecture],
-        **MINILM_SHAPE,
+        **shape,
     )
     model_class = getattr(transformers, architecture)
     torch.manual_seed(0)
@@ -76,27 +83,45 @@ def reference_mean_pooled(model, sequences):
 LENGTHS = [3, 17, 64, 5, 200, 512, 33, 128, 2, 300]
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    return folder, save_random_bert(folder)
+@pytest.fixture(scope="module", params=list(SHAPES))
+def bert(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return folder, save_random_bert(folder, shape=SHAPES[request.param])
+
+
+def serving_backend(spec, dtype):
+    """The backend the engine would pick for this model with CUDA graphs on."""
+    config = spec.hf_config
+    return select_backend(
+        "auto",
+        "cuda",
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_attention_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        dtype=dtype,
+        graphs=True,
+    )
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 0.9999), (torch.bfloat16, 0.999)])
-def test_embedder_matches_transformers_on_cuda(bert, dtype, tolerance):
+@pytest.mark.parametrize("choice", ["torch", "serving"])
+def test_embedder_matches_transformers_on_cuda(bert, dtype, tolerance, choice):
     folder, reference = bert
     spec = resolve_model(str(folder))
-    model = load_model(spec, "cuda", dtype, select_backend("auto", "cuda"))
+    # "serving": what the engine picks (torch-varlen in bf16; torch in fp32, which FlashAttention lacks)
+    backend = select_backend("torch", "cuda") if choice == "torch" else serving_backend(spec, dtype)
+    model = load_model(spec, "cuda", dtype, backend)
     sequences = random_sequences(LENGTHS)
     with torch.inference_mode():
         ours = model(pack(sequences).to("cuda")).cpu()
     cosines = F.cosine_similarity(ours, reference_mean_pooled(reference, sequences))
-    assert cosines.min().item() >= tolerance, cosines
+    assert cosines.min().item() >= tolerance, (backend.name, cosines)
 
 
 def test_vector_does_not_depend_on_the_batch_in_bf16(bert):
     folder, _ = bert
-    model = load_model(resolve_model(str(folder)), "cuda", torch.bfloat16, select_backend("auto", "cuda"))
+    spec = resolve_model(str(folder))
+    model = load_model(spec, "cuda", torch.bfloat16, serving_backend(spec, torch.bfloat16))
     lengths = [int(n) for n in torch.randint(2, 400, (64,), generator=torch.Generator().manual_seed(5))]
     sequences = random_sequences(lengths, seed=7)
     with torch.inference_mode():
