@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_INPUTS = 2048
@@ -32,4 +32,3 @@ class ServerConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     max_documents: int = MAX_DOCUMENTS
     log_level: str = "info"
-    extra: dict[str, str] = field(default_factory=dict)
