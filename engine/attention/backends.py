@@ -20,46 +20,16 @@ the model's head_dim and dtype, auto passes over every backend that has limits o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
+from engine.attention.base import AttentionBackend, Window
 from engine.attention.flash_attn_backend import flash_attn_backend
 from engine.attention.flashinfer_backend import flashinfer_backend
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import Window
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import torch_varlen_backend
 from engine.errors import AttentionBackendUnavailable
-
-
-class AttentionBackend(Protocol):
-    name: str
-    graph_safe: bool  # reads only device tensors and an upper-bound max_seqlen: may run inside a CUDA graph
-    head_dims: frozenset[int] | None  # None: any
-    dtypes: frozenset[torch.dtype] | None  # None: any
-    reason: str  # why select_backend chose it, for the start-up log
-
-    def check(
-        self,
-        num_heads: int | None = None,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        dtype: torch.dtype | None = None,
-        window: Window | None = None,
-    ) -> None:
-        """Raise AttentionBackendUnavailable, saying why, when a model of this shape cannot use it."""
-        ...
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        meta: AttentionMetadata,
-        causal: bool,
-        window: Window | None,
-    ) -> torch.Tensor: ...
 
 
 def _torch_backend(device: torch.device) -> AttentionBackend:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 
@@ -16,11 +16,10 @@ def head_dims_for(major: int) -> frozenset[int]:
     return frozenset(range(8, 129, 8)) | {256}
 
 
-class FlashAttnAttention(SupportChecks):
+class FlashAttnAttention(AttentionBackend):
     name = "flash-attn"
     graph_safe = True
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    reason = ""
 
     def __init__(self, compute_capability: tuple[int, int]) -> None:
         try:

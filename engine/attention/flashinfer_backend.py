@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 logger = logging.getLogger(__name__)
@@ -59,12 +59,11 @@ def host_indptr(seqlens: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32)
 
 
-class FlashInferAttention(SupportChecks):
+class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     graph_safe = False  # plan() reads the lengths on the host each batch
     head_dims = frozenset({64, 128, 256})
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    reason = ""
 
     def __init__(self, device: torch.device, kernel: str = "auto") -> None:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import SupportChecks, Window
 
 
 def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tensor:
@@ -22,12 +22,11 @@ def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tens
     return allowed
 
 
-class TorchAttention(SupportChecks):
+class TorchAttention(AttentionBackend):
     name = "torch"
     graph_safe = False  # splits the batch by the host-side runs of the metadata
     head_dims = None
     dtypes = None
-    reason = ""
 
     def forward(
         self,

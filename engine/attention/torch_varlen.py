@@ -7,17 +7,16 @@ import inspect
 
 import torch
 
+from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.support import SupportChecks, Window
 from engine.errors import AttentionBackendUnavailable
 
 
-class TorchVarlenAttention(SupportChecks):
+class TorchVarlenAttention(AttentionBackend):
     name = "torch-varlen"
     graph_safe = True
     head_dims = frozenset(range(8, 257, 8))  # FlashAttention 2: multiples of 8 up to 256
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    reason = ""
 
     def __init__(self) -> None:
         try:

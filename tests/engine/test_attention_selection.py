@@ -10,9 +10,9 @@ import torch
 import torch.nn.attention.varlen
 
 from engine.attention import AUTO_ORDER, BACKENDS, AttentionMetadata, select_backend, varlen_attention
+from engine.attention.base import AttentionBackend
 from engine.attention.flash_attn_backend import FlashAttnAttention
 from engine.attention.flashinfer_backend import FlashInferAttention
-from engine.attention.support import SupportChecks
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import TorchVarlenAttention
 from engine.errors import AttentionBackendUnavailable
@@ -65,9 +65,8 @@ def test_every_auto_row_ends_with_the_reference():
     assert AUTO_ORDER["cuda", False][0] == "flashinfer"
 
 
-class FakeBackend(SupportChecks):
+class FakeBackend(AttentionBackend):
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    reason = ""
 
     def __init__(self, name, graph_safe, head_dims):
         self.name, self.graph_safe, self.head_dims = name, graph_safe, head_dims

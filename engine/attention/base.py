@@ -1,20 +1,27 @@
-"""What an attention backend supports: the head, head-size and dtype checks every adapter shares."""
+"""AttentionBackend: what every attention adapter is, and the head, head-size and dtype checks they share."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import AttentionBackendUnavailable
 
+if TYPE_CHECKING:
+    from engine.attention.metadata import AttentionMetadata
+
 Window = tuple[int, int]  # (left, right) keys around each query; -1 is unbounded
 
 
-class SupportChecks:
-    """The checks every adapter shares; an adapter sets `name`, `head_dims` and `dtypes`."""
+class AttentionBackend:
+    """An adapter sets `name`, `graph_safe`, `head_dims` and `dtypes`, and implements `forward`."""
 
     name: str
+    graph_safe: bool = False  # reads only device tensors and an upper-bound max_seqlen: graph-capturable
     head_dims: frozenset[int] | None = None  # None: any
     dtypes: frozenset[torch.dtype] | None = None  # None: any
+    reason: str = ""  # why select_backend chose it, for the start-up log
 
     def check(
         self,
@@ -39,6 +46,18 @@ class SupportChecks:
             raise AttentionBackendUnavailable(
                 f"{self.name} supports {names}, not {str(dtype).removeprefix('torch.')}"
             )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: Window | None,
+    ) -> torch.Tensor:
+        """q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q."""
+        raise NotImplementedError
 
 
 def describe_head_dims(head_dims: frozenset[int]) -> str:
