@@ -34,7 +34,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument(
         "--attention-backend",
         default="auto",
-        choices=["auto", "torch", "torch-varlen", "flashinfer", "flash-attn"],
+        choices=["auto", "torch", "torch-varlen", "flashinfer", "flash-attn", "triton"],
         help="chosen once at start-up and logged; auto picks by device, head size and graphs",
     )
     serve.add_argument(

@@ -55,12 +55,11 @@ class EngineConfig:
         return self.device.startswith("cuda") and self.cuda_graphs != "off"
 
     def token_bucket(self, num_tokens: int) -> int | None:
-        """The graph size for a batch of `num_tokens` (one padding token at least, for the dummy
-        sequence); None above the largest bucket, which runs eagerly."""
-        padded = num_tokens + 1
-        step = SMALL_TOKEN_STEP if padded <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
-        bucket = -(-padded // step) * step
-        largest = -(-(self.max_batch_tokens + 1) // LARGE_TOKEN_STEP) * LARGE_TOKEN_STEP
+        """The graph size for a batch of `num_tokens` (a batch exactly on a bucket needs no padding);
+        None above the largest bucket, which runs eagerly."""
+        step = SMALL_TOKEN_STEP if num_tokens <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
+        bucket = -(-num_tokens // step) * step
+        largest = -(-self.max_batch_tokens // LARGE_TOKEN_STEP) * LARGE_TOKEN_STEP
         return bucket if bucket <= largest else None
 
     def sequence_bucket(self, num_slots: int, token_bucket: int) -> int:

@@ -66,7 +66,7 @@ def staging_size(key: GraphKey) -> int:
 
 
 def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
-    """Dummy sequences over the padding tail (at least one token of it), none longer than max_seqlen."""
+    """Dummy sequences over the padding tail, none longer than max_seqlen; none without padding."""
     return -(-(token_bucket - num_tokens) // max_seqlen)
 
 
@@ -195,10 +195,11 @@ class GraphCache:
 
 
 def _placeholder_batch(key: GraphKey) -> PackedBatch:
-    """One sequence of min(length bucket, tokens - 1) zeros: with its dummies it fits any key that
-    a real batch produced, since a real batch of k sequences needs at least ceil(tokens / bucket)
-    slots."""
+    """One sequence of min(length bucket, tokens) zeros: with its dummies it takes ceil(tokens /
+    length bucket) slots, and so fits any key a real batch produced (k sequences of real tokens T,
+    none longer than the length bucket L, and their dummies take k + ceil((tokens - T) / L) slots,
+    at least that many)."""
     num_tokens, _, max_seqlen = key
-    length = min(max_seqlen, num_tokens - 1)
+    length = min(max_seqlen, num_tokens)
     zeros = torch.zeros(length, dtype=torch.int64)
     return PackedBatch(zeros, zeros, zeros, torch.tensor([0, length], dtype=torch.int32), length)

@@ -29,6 +29,7 @@ from engine.attention.flashinfer_backend import flashinfer_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import torch_varlen_backend
+from engine.attention.triton_backend import triton_backend
 from engine.errors import AttentionBackendUnavailable
 
 
@@ -43,6 +44,7 @@ BACKENDS: dict[str, Callable[[torch.device], AttentionBackend]] = {
     "torch-varlen": torch_varlen_backend,
     "flashinfer": flashinfer_backend,
     "flash-attn": flash_attn_backend,
+    "triton": triton_backend,
 }
 
 # (device type, CUDA graphs on) -> the order "auto" tries; the table in the module docstring says why

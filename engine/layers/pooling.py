@@ -1,7 +1,9 @@
-"""Pooling over packed segments (mean, CLS, last token) and the embedding Pooler; no padding."""
+"""Pooling over packed segments (mean, CLS, last token) and the embedding Pooler; no padding. On CUDA,
+mean pooling is one Triton kernel that reads the hidden states once, in their own dtype."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -13,10 +15,19 @@ from engine.errors import UnsupportedModel
 
 
 def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    # [num_tokens, hidden] -> [num_seqs, hidden] float32 (summed in float32)
+    # [num_tokens, hidden] -> [num_seqs, hidden] float32 (summed in float32); an empty slot gives zeros
+    kernel = _triton_kernel() if hidden.is_cuda else None
+    if kernel is not None:
+        hidden = hidden.contiguous()
+        out = torch.empty(meta.num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        grid = (meta.num_seqs, -(-hidden.shape[1] // MEAN_BLOCK_COLUMNS))
+        kernel[grid](
+            hidden, meta.cu_seqlens, out, hidden.shape[1], BLOCK_ROWS=32, BLOCK_COLUMNS=MEAN_BLOCK_COLUMNS
+        )
+        return out
     sums = hidden.new_zeros(meta.num_seqs, hidden.shape[1], dtype=torch.float32)
     sums.index_add_(0, meta.segment_ids, hidden.float())
-    return sums / meta.lengths.unsqueeze(1)
+    return sums / meta.lengths.clamp(min=1).unsqueeze(1)
 
 
 def cls_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -54,3 +65,37 @@ class Pooler(nn.Module):
 
     def extra_repr(self) -> str:
         return f"method={self.method}, normalize={self.normalize}"
+
+
+MEAN_BLOCK_COLUMNS = 128
+
+
+@functools.cache
+def _triton_kernel():
+    """The segment-mean kernel, compiled on first use; None where Triton is missing."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def segment_mean(hidden_ptr, cu_seqlens_ptr, out_ptr, hidden_size, BLOCK_ROWS: tl.constexpr,
+                     BLOCK_COLUMNS: tl.constexpr):  # fmt: skip
+        # one program per (sequence, block of columns): sums its rows in float32, divides by the count
+        sequence = tl.program_id(0)
+        columns = tl.program_id(1) * BLOCK_COLUMNS + tl.arange(0, BLOCK_COLUMNS)
+        column_mask = columns < hidden_size
+        start = tl.load(cu_seqlens_ptr + sequence)
+        end = tl.load(cu_seqlens_ptr + sequence + 1)
+        total = tl.zeros((BLOCK_ROWS, BLOCK_COLUMNS), dtype=tl.float32)
+        for first in range(start, end, BLOCK_ROWS):
+            rows = first + tl.arange(0, BLOCK_ROWS)
+            mask = (rows < end)[:, None] & column_mask[None, :]
+            offsets = rows.to(tl.int64)[:, None] * hidden_size + columns[None, :]
+            total += tl.load(hidden_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        count = tl.maximum(end - start, 1).to(tl.float32)
+        out_offsets = sequence.to(tl.int64) * hidden_size + columns
+        tl.store(out_ptr + out_offsets, tl.sum(total, axis=0) / count, mask=column_mask)
+
+    return segment_mean

@@ -11,8 +11,8 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
-from engine.layers.activations import get_activation
 from engine.layers.add_norm import AddLayerNorm
+from engine.layers.linear_act import LinearActivation
 from engine.layers.pooling import Pooler, cls_pool
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """Post-norm block: fused-QKV self-attention, then a GELU MLP, each closed by LayerNorm(x + residual)."""
+    """Post-norm block: fused-QKV self-attention, then an MLP whose activation rides the up projection's
+    GEMM, each closed by LayerNorm(x + residual)."""
 
     def __init__(self, config: BertConfig, attention_backend: AttentionBackend):
         super().__init__()
@@ -95,8 +96,7 @@ class BertLayer(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.attention_out = nn.Linear(hidden_size, hidden_size)
         self.attention_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
-        self.up = nn.Linear(hidden_size, config.intermediate_size)
-        self.act = get_activation(config.hidden_act)
+        self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)
         self.down = nn.Linear(config.intermediate_size, hidden_size)
         self.mlp_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
 
@@ -106,7 +106,7 @@ class BertLayer(nn.Module):
         q, k, v = self.qkv(hidden).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend)
         hidden = self.attention_norm(self.attention_out(attention.reshape(num_tokens, -1)), hidden)
-        return self.mlp_norm(self.down(self.act(self.up(hidden))), hidden)
+        return self.mlp_norm(self.down(self.up(hidden)), hidden)
 
 
 class ClassificationHead(nn.Module):

@@ -14,8 +14,8 @@ from engine.errors import AttentionBackendUnavailable
 
 pytestmark = pytest.mark.gpu
 
-CUDA_BACKENDS = ["torch-varlen", "flashinfer", "flash-attn"]
-GRAPH_SAFE = ["torch-varlen", "flash-attn"]
+CUDA_BACKENDS = ["torch-varlen", "flashinfer", "flash-attn", "triton"]
+GRAPH_SAFE = ["torch-varlen", "flash-attn", "triton"]
 TOLERANCE = 1e-2
 DTYPE = torch.bfloat16
 HEADS = [(8, 8), (8, 2)]  # (query heads, key/value heads): plain and grouped-query attention
@@ -69,17 +69,26 @@ def exact_meta(lengths):
     return AttentionMetadata.build(cumulative(lengths), max(lengths)).to("cuda")
 
 
+def segments_of(cu_seqlens):
+    """[num_tokens] int64 on the device: the slot each token belongs to (empty slots own none)."""
+    cu_seqlens = cu_seqlens.cpu().long()
+    slots = torch.arange(cu_seqlens.shape[0] - 1)
+    return torch.repeat_interleave(slots, cu_seqlens.diff()).to("cuda")
+
+
 def device_meta(cu_seqlens, max_seqlen, num_tokens):
-    """Metadata as a CUDA graph holds it: cu_seqlens (moved to the device), max_seqlen an upper bound, no
-    host lengths (a backend that read them would see only zeros)."""
+    """Metadata as a CUDA graph holds it: cu_seqlens and segment ids on the device, max_seqlen an upper
+    bound, no host lengths (a backend that read them would see only zeros)."""
     cu_seqlens = cu_seqlens.to("cuda")  # the same tensor when it is there already
     num_slots = cu_seqlens.shape[0] - 1
+    segment_ids = segments_of(cu_seqlens)
+    assert segment_ids.shape[0] == num_tokens
     return AttentionMetadata(
         cu_seqlens=cu_seqlens,
         max_seqlen=max_seqlen,
         seqlens=(0,) * num_slots,
         runs=(),
-        segment_ids=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
+        segment_ids=segment_ids,
         lengths=torch.zeros(num_slots, dtype=torch.int64, device="cuda"),
     )
 
@@ -203,8 +212,8 @@ def test_graph_replay_with_new_lengths_matches_eager(name, causal):
     ]
     q, k, v = random_qkv(num_tokens, 8, 2, 64, seed=7)
     cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device="cuda")
-    meta = device_meta(cu_seqlens, max_seqlen, num_tokens)  # the graph reads this cu_seqlens buffer
     cu_seqlens.copy_(cumulative(splits[0] + [0] * (num_slots - len(splits[0]))))
+    meta = device_meta(cu_seqlens, max_seqlen, num_tokens)  # the graph reads these buffers
 
     # capture: a warm-up outside the graph first (kernels load or compile once)
     side = torch.cuda.Stream()
@@ -223,6 +232,7 @@ def test_graph_replay_with_new_lengths_matches_eager(name, causal):
         for buffer, fresh in zip((q, k, v), random_qkv(num_tokens, 8, 2, 64, seed=10 + seed)):
             buffer.copy_(fresh)
         cu_seqlens.copy_(cumulative(slot_lengths))
+        meta.segment_ids.copy_(segments_of(cu_seqlens))
         graph.replay()
         eager = run(backend, q, k, v, exact_meta(lengths), causal)
         assert_matches(static_out, eager.float(), lengths)

@@ -10,16 +10,18 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import stage
 
 
-def test_token_buckets_round_up_with_room_for_the_dummy_sequence():
+def test_token_buckets_round_up_to_64_then_256():
     config = EngineConfig(device="cuda", max_batch_tokens=16384)
     assert config.token_bucket(1) == 64
     assert config.token_bucket(63) == 64
-    assert config.token_bucket(64) == 128  # a length exactly on a bucket still needs one padding token
-    assert config.token_bucket(1023) == 1024
-    assert config.token_bucket(1024) == 1280
-    assert config.token_bucket(16384) == 16640
-    assert config.token_bucket(20000) is None  # above the largest bucket: eager
-    assert config.token_buckets()[0] == 16640 and config.token_buckets()[-1] == 64
+    assert config.token_bucket(64) == 64  # exactly on a bucket: no padding
+    assert config.token_bucket(65) == 128
+    assert config.token_bucket(1024) == 1024
+    assert config.token_bucket(1025) == 1280
+    assert config.token_bucket(16384) == 16384
+    assert config.token_bucket(16385) is None  # above the largest bucket: eager
+    assert config.token_buckets()[0] == 16384 and config.token_buckets()[-1] == 64
+    assert EngineConfig(device="cuda", max_batch_tokens=1000).token_buckets()[0] == 1024
 
 
 def test_sequence_slots_and_length_buckets():
@@ -55,6 +57,13 @@ def test_graph_key_reserves_slots_for_the_dummies():
     assert graphs.key(pack([[1] * 50] * 30)) == (1536, 32, 64)  # 36 padding tokens: one dummy
     assert graphs.key(pack([[1] * 50] * 27)) == (1536, 32, 64)  # 186 padding tokens: three dummies
     assert graphs.key(pack([[1] * 300])) == (320, 2, 512)
+    assert graphs.key(pack([[1] * 128])) == (128, 1, 128)  # exactly on a bucket: no dummy
+
+
+def test_stage_without_padding_has_no_dummy():
+    ints = stage(pack([[5, 6, 7, 8]]), (4, 1, 4))
+    assert ints[:16].reshape(4, 4)[3].tolist() == [0, 0, 0, 0]  # every token in sequence 0
+    assert ints[16:].tolist() == [4, 0, 4]  # slot length, cu_seqlens
 
 
 def gpu_model(tmp_path, dtype):

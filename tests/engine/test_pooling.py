@@ -41,3 +41,23 @@ def test_normalize_in_float32(meta):
 def test_unknown_method():
     with pytest.raises(UnsupportedModel, match="unknown pooling method"):
         Pooler("max", normalize=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden_size", [384, 768, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_mean_matches_the_torch_path(hidden_size, dtype):
+    from engine.layers.pooling import _triton_kernel, mean_pool
+
+    assert _triton_kernel() is not None, "Triton must be there on the GPU machine"
+    generator = torch.Generator().manual_seed(hidden_size)
+    # ragged lengths with zero-length slots (a CUDA graph's padding) among them
+    lengths = [1, 0, 33, 512, 0, 7, 64, 65, 0]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    hidden = torch.randn(sum(lengths), hidden_size, generator=generator).to(dtype)
+    host_meta = AttentionMetadata.build(cu_seqlens, max_seqlen=512)
+    expected = mean_pool(hidden, host_meta)  # the index_add path, on the CPU
+    got = mean_pool(hidden.cuda(), host_meta.to("cuda"))
+    assert got.dtype == torch.float32 and got.shape == (len(lengths), hidden_size)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    assert (got[torch.tensor(lengths) == 0] == 0).all()

@@ -1,0 +1,159 @@
+"""The triton backend: posy's own packed attention kernel, CUDA only and CUDA-graph safe.
+
+FlashAttention's varlen kernels give every (sequence, head) its own 128-row tiles, so a 50-token
+sequence fills 39% of its query tile and of its key tile and a batch of short texts runs at a fraction
+of the chip. This kernel tiles the packed token axis instead: a tile of queries may span several
+sequences, it walks only the keys from the start of its first sequence to the end of its last, and a
+key counts for a query only in the same sequence (segment ids), within the mask and window. Online
+softmax in float32, exp2, as FlashAttention does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from engine.attention.base import AttentionBackend, Window
+from engine.attention.metadata import AttentionMetadata
+from engine.errors import AttentionBackendUnavailable
+
+LOG2_E = 1.4426950408889634
+
+
+class TritonAttention(AttentionBackend):
+    name = "triton"
+    graph_safe = True  # reads cu_seqlens and segment ids on the device, nothing on the host
+    head_dims = frozenset(range(16, 257, 16))
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: Window | None,
+    ) -> torch.Tensor:
+        # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
+        num_tokens, num_heads, head_dim = q.shape
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if num_tokens == 0:
+            return out
+        left, right = window if window is not None else (-1, -1)
+        if causal:
+            right = 0
+        block_m, block_n, num_warps, num_stages = tile_config(head_dim)
+        grid = (triton_cdiv(num_tokens, block_m), num_heads)
+        self._kernel[grid](
+            q, k, v, out, meta.segment_ids, meta.cu_seqlens,
+            num_tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1),
+            num_heads // k.shape[1], head_dim, LOG2_E / math.sqrt(head_dim), left, right,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+        return out
+
+
+def tile_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(query rows, key rows, warps, pipeline stages) per program, by head size."""
+    if head_dim <= 64:
+        return 64, 64, 4, 3
+    return 64, 64, 4, 2
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.cache
+def _triton_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def packed_attention(
+        q_ptr, k_ptr, v_ptr, out_ptr, segment_ptr, cu_seqlens_ptr,
+        num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        group_size, head_dim, qk_scale, window_left, window_right,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        first_row = tl.program_id(0) * BLOCK_M
+        head = tl.program_id(1)
+        kv_head = head // group_size
+        rows = first_row + tl.arange(0, BLOCK_M)
+        row_mask = rows < num_tokens
+        dims = tl.arange(0, BLOCK_D)
+        dim_mask = dims < head_dim
+        # the keys this tile can see: from its first sequence's start to its last sequence's end
+        last_row = tl.minimum(first_row + BLOCK_M, num_tokens) - 1
+        key_start = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + first_row))
+        key_end = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + last_row) + 1)
+        if window_right >= 0:
+            key_end = tl.minimum(key_end, last_row + window_right + 1)
+        if window_left >= 0:
+            key_start = tl.maximum(key_start, first_row - window_left)
+        segments = tl.load(segment_ptr + rows, mask=row_mask, other=-1)
+        q = tl.load(
+            q_ptr + rows.to(tl.int64)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+            mask=row_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for block_start in range(key_start, key_end, BLOCK_N):
+            keys = block_start + tl.arange(0, BLOCK_N)
+            key_mask = keys < key_end
+            key_segments = tl.load(segment_ptr + keys, mask=key_mask, other=-2)
+            k = tl.load(
+                k_ptr + keys.to(tl.int64)[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
+                mask=key_mask[:, None] & dim_mask[None, :],
+                other=0.0,
+            )
+            scores = tl.dot(q, tl.trans(k)) * qk_scale
+            allowed = segments[:, None] == key_segments[None, :]
+            if window_right >= 0:
+                allowed &= keys[None, :] <= rows[:, None] + window_right
+            if window_left >= 0:
+                allowed &= keys[None, :] >= rows[:, None] - window_left
+            scores = tl.where(allowed, scores, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            probabilities = tl.math.exp2(scores - safe_max[:, None])
+            rescale = tl.math.exp2(row_max - safe_max)
+            row_sum = row_sum * rescale + tl.sum(probabilities, axis=1)
+            v = tl.load(
+                v_ptr + keys.to(tl.int64)[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
+                mask=key_mask[:, None] & dim_mask[None, :],
+                other=0.0,
+            )
+            acc = acc * rescale[:, None] + tl.dot(probabilities.to(v.dtype), v)
+            row_max = new_max
+        acc = acc / tl.where(row_sum == 0.0, 1.0, row_sum)[:, None]
+        tl.store(
+            out_ptr + rows.to(tl.int64)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & dim_mask[None, :],
+        )
+
+    return packed_attention
+
+
+def triton_backend(device: torch.device) -> TritonAttention:
+    if device.type != "cuda":
+        raise AttentionBackendUnavailable("needs a CUDA device")
+    if not torch.cuda.is_available():
+        raise AttentionBackendUnavailable("CUDA is not available")
+    try:
+        kernel = _triton_kernel()
+    except ImportError as error:
+        raise AttentionBackendUnavailable(f"triton cannot be imported: {error}") from error
+    return TritonAttention(kernel)
