@@ -4,13 +4,16 @@ entry point, `varlen_attention`.
 How "auto" chooses: the first backend in its row of AUTO_ORDER that imports, runs on the device and fits
 the model (heads, head dim, dtype, window; see each backend's `check`):
 
-    device  CUDA graphs  order                                         why
-    cpu     either       torch                                         the only CPU path
-    cuda    on           flash-attn, torch-varlen, flashinfer, torch   graph-safe first (no host step per
-                                                                       batch); if neither fits, graphs go off
-    cuda    off          flashinfer, flash-attn, torch-varlen, torch   flashinfer's host plan (0.4-0.9 ms a
-                                                                       batch) hides behind the overlap of
-                                                                       batches at large batch sizes
+    device  CUDA graphs  order                                 why
+    cpu     either       torch                                 the only CPU path
+    cuda    on           flash-attn, triton, torch-varlen,     graph-safe first (no host step per batch);
+                         flashinfer, torch                     triton before torch-varlen: its packed
+                                                               kernel beats FlashAttention 2 on batches
+                                                               of short sequences and hands longer ones
+                                                               to it; if none fits, graphs go off
+    cuda    off          flashinfer, flash-attn, triton,       flashinfer's host plan (0.4-0.9 ms a
+                         torch-varlen, torch                   batch) hides behind the overlap of
+                                                               batches at large batch sizes
     other   either       torch
 
 torch, the reference, is always last. flashinfer fits head dims 64/128/256 in bf16/fp16 only. Without
@@ -51,8 +54,8 @@ BACKENDS: dict[str, Callable[[torch.device], AttentionBackend]] = {
 AUTO_ORDER: dict[tuple[str, bool], tuple[str, ...]] = {
     ("cpu", False): ("torch",),
     ("cpu", True): ("torch",),
-    ("cuda", True): ("flash-attn", "torch-varlen", "flashinfer", "torch"),
-    ("cuda", False): ("flashinfer", "flash-attn", "torch-varlen", "torch"),
+    ("cuda", True): ("flash-attn", "triton", "torch-varlen", "flashinfer", "torch"),
+    ("cuda", False): ("flashinfer", "flash-attn", "triton", "torch-varlen", "torch"),
 }
 _AUTO_RULES = {
     ("cpu", False): "CPU: torch",

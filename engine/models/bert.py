@@ -12,6 +12,7 @@ from engine.attention import AttentionBackend, AttentionMetadata, varlen_attenti
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
+from engine.layers.embed_norm import embed_layer_norm
 from engine.layers.linear_act import LinearActivation
 from engine.layers.pooling import Pooler, cls_pool
 
@@ -75,6 +76,18 @@ class BertEmbeddings(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         # [num_tokens] ids, positions, types -> [num_tokens, hidden]
+        fused = embed_layer_norm(
+            input_ids,
+            positions,
+            token_type_ids if self.use_token_types else None,
+            self.word_embeddings,
+            self.position_embeddings,
+            self.token_type_embeddings,
+            self.norm,
+            self.position_offset,
+        )
+        if fused is not None:
+            return fused
         hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.position_offset)
         if self.use_token_types:
             hidden = hidden + self.token_type_embeddings(token_type_ids)

@@ -14,8 +14,9 @@ from engine.errors import AttentionBackendUnavailable
 
 pytestmark = pytest.mark.gpu
 
-CUDA_BACKENDS = ["torch-varlen", "flashinfer", "flash-attn", "triton"]
-GRAPH_SAFE = ["torch-varlen", "flash-attn", "triton"]
+# "triton-packed": the triton backend with its packed kernel on every batch, long sequences included
+CUDA_BACKENDS = ["torch-varlen", "flashinfer", "flash-attn", "triton", "triton-packed"]
+GRAPH_SAFE = ["torch-varlen", "flash-attn", "triton", "triton-packed"]
 TOLERANCE = 1e-2
 DTYPE = torch.bfloat16
 HEADS = [(8, 8), (8, 2)]  # (query heads, key/value heads): plain and grouped-query attention
@@ -32,6 +33,10 @@ def no_flashinfer_jit():
 
 
 def backend_for(name, num_heads, num_kv_heads, head_dim, causal=False, window=None):
+    if name == "triton-packed":
+        backend = backend_for("triton", num_heads, num_kv_heads, head_dim, causal, window)
+        backend.long_sequences = None
+        return backend
     try:
         return select_backend(
             name,
@@ -271,3 +276,24 @@ def test_auto_on_this_gpu():
         assert eager.name == "flashinfer", eager.reason
     fp32 = select_backend("auto", "cuda", graphs=True, **{**shape, "dtype": torch.float32})
     assert fp32.name == "torch" and "CUDA graphs stay off" in fp32.reason
+
+
+def test_triton_runs_short_batches_itself_and_hands_longer_ones_on():
+    from engine.attention.triton_backend import SHORT_SEQLEN
+
+    backend = backend_for("triton", 8, 2, 64)
+    long_sequences = backend.long_sequences
+    assert long_sequences is not None and long_sequences.name == "torch-varlen"
+    calls = []
+
+    class Spy:
+        def forward(self, *args):
+            calls.append(args[3].max_seqlen)
+            return long_sequences.forward(*args)
+
+    backend.long_sequences = Spy()
+    for lengths in ([SHORT_SEQLEN, 5], [SHORT_SEQLEN + 1, 5]):
+        q, k, v = random_qkv(sum(lengths), 8, 2, 64, seed=len(calls))
+        out = run(backend, q, k, v, exact_meta(lengths))
+        assert_matches(out, reference(q, k, v, lengths), lengths)
+    assert calls == [SHORT_SEQLEN + 1]

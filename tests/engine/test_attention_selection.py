@@ -45,7 +45,7 @@ def test_auto_on_cpu_is_torch():
     assert select_backend("auto", "cpu", graphs=True).name == "torch"
 
 
-@pytest.mark.parametrize("name", ["torch-varlen", "flashinfer", "flash-attn"])
+@pytest.mark.parametrize("name", ["torch-varlen", "flashinfer", "flash-attn", "triton"])
 def test_cuda_backends_on_cpu_say_why(name):
     with pytest.raises(AttentionBackendUnavailable, match=f"'{name}' cannot run on cpu: needs a CUDA device"):
         select_backend(name, "cpu")
@@ -61,7 +61,7 @@ def test_every_auto_row_ends_with_the_reference():
     for order in AUTO_ORDER.values():
         assert order[-1] == "torch"
         assert set(order) <= set(BACKENDS)
-    assert AUTO_ORDER["cuda", True][:2] == ("flash-attn", "torch-varlen")
+    assert AUTO_ORDER["cuda", True][:3] == ("flash-attn", "triton", "torch-varlen")
     assert AUTO_ORDER["cuda", False][0] == "flashinfer"
 
 
@@ -79,6 +79,7 @@ def fake_cuda_backends(monkeypatch):
     specs = {
         "flash-attn": (True, frozenset(range(8, 257, 8))),
         "torch-varlen": (True, frozenset(range(8, 257, 8))),
+        "triton": (True, frozenset(range(16, 257, 16))),
         "flashinfer": (False, frozenset({64, 128, 256})),
     }
     for name, (graph_safe, head_dims) in specs.items():
@@ -102,13 +103,16 @@ def test_auto_with_graphs_takes_the_first_graph_safe_backend(fake_cuda_backends)
     assert auto(graphs=True).name == "flash-attn"
     fake_cuda_backends.add("flash-attn")
     backend = auto(graphs=True)
-    assert backend.name == "torch-varlen"
+    assert backend.name == "triton"
     assert "graph-safe backends first" in backend.reason
     assert "passed over flash-attn (not installed)" in backend.reason
+    assert auto(graphs=True, head_dim=8).name == "torch-varlen"  # triton's head dims start at 16
+    fake_cuda_backends.add("triton")
+    assert auto(graphs=True).name == "torch-varlen"
 
 
 def test_auto_with_graphs_falls_back_to_eager_backends(fake_cuda_backends):
-    fake_cuda_backends.update({"flash-attn", "torch-varlen"})
+    fake_cuda_backends.update({"flash-attn", "triton", "torch-varlen"})
     backend = auto(graphs=True)
     assert backend.name == "flashinfer"
     assert backend.reason.endswith("not graph-safe, so CUDA graphs stay off")
@@ -122,6 +126,8 @@ def test_auto_without_graphs_prefers_flashinfer_where_the_head_dim_fits(fake_cud
     assert backend.name == "flash-attn"
     assert "flashinfer (flashinfer supports head dims 64/128/256, not 32)" in backend.reason
     fake_cuda_backends.update({"flashinfer", "flash-attn"})
+    assert auto(graphs=False).name == "triton"
+    fake_cuda_backends.add("triton")
     assert auto(graphs=False).name == "torch-varlen"
     # fp32 fits none of the CUDA kernels: the reference
     assert auto(graphs=False, dtype=torch.float32).name == "torch"
