@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -95,25 +96,24 @@ class Engine:
         if self._thread is None or not self._thread.is_alive():
             raise EngineStopped("the engine is not running")
         # checked here, before queueing, so that one bad sequence never fails a whole batch
-        if not token_ids or min(map(len, token_ids)) == 0:
+        lengths = list(map(len, token_ids))
+        if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
-        longest = max(map(len, token_ids))
+        longest = max(lengths)
         if longest > self.config.max_batch_tokens:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
         request = _Request(len(token_ids), asyncio.get_running_loop())
+        # positional arguments and one bound method: a burst of requests holds the GIL, which the
+        # worker needs to launch batches, for half the time that keyword arguments take
+        is_cancelled = request.is_cancelled
+        types = token_type_ids if token_type_ids is not None else itertools.repeat(None)
         sequences = [
-            ScheduledSequence(
-                token_ids=ids,
-                token_type_ids=token_type_ids[index] if token_type_ids is not None else None,
-                owner=request,
-                index=index,
-                is_cancelled=request.is_cancelled,
-            )
-            for index, ids in enumerate(token_ids)
+            ScheduledSequence(ids, sequence_types, request, index, is_cancelled)
+            for index, (ids, sequence_types) in enumerate(zip(token_ids, types))
         ]
-        self.scheduler.submit(sequences)
+        self.scheduler.submit(sequences, num_tokens=sum(lengths))
         return await request.future
 
     def _loop(self) -> None:

@@ -41,10 +41,12 @@ class Scheduler:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    def submit(self, sequences: Sequence[ScheduledSequence]) -> None:
-        """Queue one request's sequences together, or refuse them all with Overloaded.
-        An empty queue admits any request, so a request larger than the queue still runs."""
-        num_tokens = sum(sequence.num_tokens for sequence in sequences)
+    def submit(self, sequences: Sequence[ScheduledSequence], num_tokens: int | None = None) -> None:
+        """Queue one request's sequences together, or refuse them all with Overloaded. `num_tokens`:
+        their total when the caller has it. An empty queue admits any request, so a request larger
+        than the queue still runs."""
+        if num_tokens is None:
+            num_tokens = sum(sequence.num_tokens for sequence in sequences)
         with self._condition:
             if self._stopped:
                 raise EngineStopped("the engine is shutting down")

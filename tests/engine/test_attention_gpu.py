@@ -152,6 +152,20 @@ def test_matches_reference(name, head_dim, causal, num_heads, num_kv_heads):
     assert_matches(out, reference(q, k, v, lengths, causal), lengths)
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("name", CUDA_BACKENDS)
+def test_short_sequences_match_reference(name, head_dim, causal, num_heads, num_kv_heads):
+    """Many sequences of 1 to 64 tokens: the packed kernel's tiles then span several of them."""
+    backend = backend_for(name, num_heads, num_kv_heads, head_dim, causal)
+    generator = torch.Generator().manual_seed(head_dim + causal + num_kv_heads)
+    lengths = torch.randint(1, 65, (150,), generator=generator).tolist()
+    q, k, v = random_qkv(sum(lengths), num_heads, num_kv_heads, head_dim, seed=head_dim)
+    out = run(backend, q, k, v, exact_meta(lengths), causal)
+    assert_matches(out, reference(q, k, v, lengths, causal), lengths)
+
+
 @pytest.mark.parametrize(("causal", "window"), [(True, 64), (False, (32, 16)), (False, 100)])
 @pytest.mark.parametrize("name", CUDA_BACKENDS)
 def test_windows(name, causal, window):
