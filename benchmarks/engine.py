@@ -1,6 +1,6 @@
 """The engine suite (CUDA): posy's engine against HF transformers on the same BERT-base-shaped
 random weights, bf16, one run: batch-1 latency, mixed-length and saturation throughput, overlap,
-graph capture time and memory."""
+graph capture time and memory; then the kernel comparisons of benchmarks/kernels.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.kernels import attention_records, gelu_epilogue_records
 from benchmarks.records import RunContext, SuiteOutcome
 
 BERT_BASE = {
@@ -213,6 +214,12 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
             records.append(context.record("graphs", "graph_memory_mib", graphs.memory_bytes / 2**20, "MiB"))
             records.append(context.record("graphs", "num_graphs", len(graphs.graphs), "graphs"))
             print(f"graphs: {len(graphs.graphs)}, capture max {max(captures):.0f} ms")
+
+        # 5. the kernel comparisons behind the engine's choices
+        kernel_records = attention_records(context) + gelu_epilogue_records(context)
+        records.extend(kernel_records)
+        for record in kernel_records:
+            print(f"{record.case}: {record.value:.1f} us against {record.baseline:.1f} us")
     finally:
         engine.stop()
         loop.close()
