@@ -47,10 +47,31 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     runner = ModelRunner(model, device, graphs)
     if graphs is not None and config.cuda_graphs == "eager-warmup":
         graphs.warm_up()
-    # warm-up: one short sequence through the whole model before the server says it is ready; on
-    # CUDA this compiles the Triton kernels (seconds, once per machine: Triton caches them)
-    logger.info("%s: warming up", spec.name)
-    runner.step(pack([[0, 1]])).result()
+    # warm-up before the server says it is ready: on CUDA this compiles the Triton kernels (seconds,
+    # once per machine: Triton caches them), so that no graph capture or request waits for a compile
+    logger.info("%s: warming up (on CUDA: compiling kernels, seconds on a machine's first start)", spec.name)
+    batches = warm_up_batches(spec.max_seq_length) if device.type == "cuda" else [[[0, 1]]]
+    for sequences in batches:
+        runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
     engine.start()
     return engine
+
+
+def warm_up_batches(window: int) -> list[list[list[int]]]:
+    """Batches that reach every kernel variant real batches use: Triton specializes a kernel on sizes
+    of 1 and on sizes that divide by 16 (an eager batch may have any size, a graph's bucket always
+    divides), and the packed attention tiles by length (up to 64 tokens, then up to 128)."""
+
+    def topped_up(length: int) -> list[list[int]]:
+        # one sequence of `length` tokens, then fillers (none over the window) up to a multiple of 16
+        sequences, rest = [[0] * length], -length % 16
+        while rest:
+            sequences.append([0] * min(rest, window))
+            rest -= len(sequences[-1])
+        return sequences
+
+    batches = [[[0]], [[0, 0]], topped_up(min(64, window))]
+    if window > 64:
+        batches.append(topped_up(min(128, window)))
+    return batches

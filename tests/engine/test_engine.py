@@ -166,3 +166,15 @@ def test_bad_sequences_are_refused_before_they_reach_a_batch():
         asyncio.run(main())
     finally:
         engine.stop()
+
+
+def test_warm_up_reaches_every_kernel_variant():
+    from engine.build import warm_up_batches
+
+    def shape(batches):
+        return [[len(sequence) for sequence in batch] for batch in batches]
+
+    assert shape(warm_up_batches(512)) == [[1], [2], [64], [128]]
+    assert shape(warm_up_batches(100)) == [[1], [2], [64], [100, 12]]
+    assert shape(warm_up_batches(40)) == [[1], [2], [40, 8]]
+    assert shape(warm_up_batches(5)) == [[1], [2], [5, 5, 5, 1]]
