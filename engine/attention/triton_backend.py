@@ -108,7 +108,9 @@ def _triton_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # num_tokens changes with every batch: one compiled variant for all of them (Triton would otherwise
+    # compile one for sizes that divide by 16 and one for those that do not, the first at a request)
+    @triton.jit(do_not_specialize=["num_tokens"])
     def packed_attention(
         q_ptr, k_ptr, v_ptr, out_ptr, segment_ptr, cu_seqlens_ptr,
         num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
