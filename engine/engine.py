@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
 from engine.runner import ModelRunner
-from engine.scheduler import ScheduledSequence, Scheduler
+from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -105,15 +104,11 @@ class Engine:
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
         request = _Request(len(token_ids), asyncio.get_running_loop())
-        # positional arguments and one bound method: a burst of requests holds the GIL, which the
-        # worker needs to launch batches, for half the time that keyword arguments take
-        is_cancelled = request.is_cancelled
-        types = token_type_ids if token_type_ids is not None else itertools.repeat(None)
-        sequences = [
-            ScheduledSequence(ids, sequence_types, request, index, is_cancelled)
-            for index, (ids, sequence_types) in enumerate(zip(token_ids, types))
-        ]
-        self.scheduler.submit(sequences, num_tokens=sum(lengths))
+        # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
+        # launch batches, as briefly as it can
+        self.scheduler.submit(
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths)
+        )
         return await request.future
 
     def _loop(self) -> None:

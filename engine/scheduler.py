@@ -12,27 +12,59 @@ from engine.errors import EngineStopped, Overloaded
 
 @dataclass(slots=True, eq=False)
 class ScheduledSequence:
+    """One sequence of a batch."""
+
     token_ids: Sequence[int]
     token_type_ids: Sequence[int] | None = None
     # the request this sequence belongs to and its row in that request's result
     owner: object = None
     index: int = 0
-    is_cancelled: Callable[[], bool] = field(default=lambda: False)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
 
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """One caller's sequences, queued as one entry: submitting costs the same for 1 or 1,000
+    sequences, and batches cut ScheduledSequences out of it on the worker thread."""
+
+    token_ids: Sequence[Sequence[int]]
+    token_type_ids: Sequence[Sequence[int] | None] | None = None  # per sequence; None: no segments
+    owner: object = None
+    is_cancelled: Callable[[], bool] = field(default=lambda: False)
+    lengths: list[int] = field(default_factory=list)  # filled from token_ids when left empty
+    taken: int = 0  # sequences already in batches
+    remaining_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            self.lengths = [len(ids) for ids in self.token_ids]
+        self.remaining_tokens = sum(self.lengths[self.taken :])
+
+    def take(self) -> ScheduledSequence:
+        index = self.taken
+        self.taken += 1
+        self.remaining_tokens -= self.lengths[index]
+        types = self.token_type_ids[index] if self.token_type_ids is not None else None
+        return ScheduledSequence(self.token_ids[index], types, self.owner, index)
+
+    @property
+    def done(self) -> bool:
+        return self.taken == len(self.lengths)
+
+
 class Scheduler:
-    """Strict FIFO: a batch takes sequences from the front while they fit; the first one that
-    does not fit stays at the front and closes the batch. Cancelled sequences are dropped."""
+    """Strict FIFO over sequences: a batch takes sequences from the front while they fit; the first
+    one that does not fit stays at the front and closes the batch. A cancelled request's sequences
+    not yet taken are dropped."""
 
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, max_queue_tokens: int):
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
-        self._queue: deque[ScheduledSequence] = deque()
+        self._queue: deque[QueuedRequest] = deque()
         self._queued_tokens = 0
         self._stopped = False
         self._condition = threading.Condition()
@@ -41,18 +73,16 @@ class Scheduler:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    def submit(self, sequences: Sequence[ScheduledSequence], num_tokens: int | None = None) -> None:
-        """Queue one request's sequences together, or refuse them all with Overloaded. `num_tokens`:
-        their total when the caller has it. An empty queue admits any request, so a request larger
-        than the queue still runs."""
-        if num_tokens is None:
-            num_tokens = sum(sequence.num_tokens for sequence in sequences)
+    def submit(self, request: QueuedRequest) -> None:
+        """Queue one request's sequences together, or refuse them all with Overloaded.
+        An empty queue admits any request, so a request larger than the queue still runs."""
+        num_tokens = request.remaining_tokens
         with self._condition:
             if self._stopped:
                 raise EngineStopped("the engine is shutting down")
             if self._queue and self._queued_tokens + num_tokens > self.max_queue_tokens:
                 raise Overloaded(self._queued_tokens, self.max_queue_tokens)
-            self._queue.extend(sequences)
+            self._queue.append(request)
             self._queued_tokens += num_tokens
             self._condition.notify()
 
@@ -79,15 +109,17 @@ class Scheduler:
             head = self._queue[0]
             if head.is_cancelled():
                 self._queue.popleft()
-                self._queued_tokens -= head.num_tokens
+                self._queued_tokens -= head.remaining_tokens
                 continue
+            length = head.lengths[head.taken]
             # a sequence above the budget (rejected upstream) still runs alone rather than block
-            if batch and num_tokens + head.num_tokens > self.max_batch_tokens:
+            if batch and num_tokens + length > self.max_batch_tokens:
                 break
-            self._queue.popleft()
-            self._queued_tokens -= head.num_tokens
-            batch.append(head)
-            num_tokens += head.num_tokens
+            batch.append(head.take())
+            self._queued_tokens -= length
+            num_tokens += length
+            if head.done:
+                self._queue.popleft()
             if num_tokens >= self.max_batch_tokens:
                 break
         return batch
