@@ -50,18 +50,21 @@ def pack(
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros."""
-    lengths = np.fromiter(map(len, token_ids), dtype=np.int64, count=len(token_ids))
-    if lengths.size == 0 or lengths.min() == 0:
+    # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
+    # costs a few numpy calls, not a dozen
+    lengths = [len(ids) for ids in token_ids]
+    if not lengths or min(lengths) == 0:
         raise ValueError("a packed batch needs at least one sequence and no empty sequence")
-    num_tokens = int(lengths.sum())
-    cu_seqlens = np.zeros(lengths.size + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu_seqlens[1:])
+    num_tokens = sum(lengths)
+    cu_seqlens = np.fromiter(itertools.accumulate(lengths, initial=0), dtype=np.int32, count=len(lengths) + 1)
     flat_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=num_tokens)
-    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    positions = np.arange(num_tokens, dtype=np.int64)
+    if len(lengths) > 1:
+        positions -= np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
     flat_types = np.zeros(num_tokens, dtype=np.int64)
     if token_type_ids is not None:
         for start, types in zip(cu_seqlens[:-1].tolist(), token_type_ids):
             if types is not None:
                 flat_types[start : start + len(types)] = types
     tensors = (torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens))
-    return PackedBatch(*tensors, max_seqlen=int(lengths.max()))
+    return PackedBatch(*tensors, max_seqlen=max(lengths))
