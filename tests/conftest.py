@@ -1,9 +1,17 @@
 """Shared fixtures: the bundled model's folder and tokenizer."""
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tokenizers import Tokenizer
+
+# Without a GPU, posy's Triton kernels run only in tests, through Triton's interpreter on the CPU
+# (tests/engine/test_triton_interpreted.py); it must be on before Triton is first imported.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,7 @@ def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     # [num_tokens, hidden] -> [num_seqs, hidden] float32 (summed in float32); an empty slot gives zeros
     kernel = _triton_kernel() if hidden.is_cuda else None
     if kernel is not None:
-        hidden = hidden.contiguous()
-        out = torch.empty(meta.num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        grid = (meta.num_seqs, -(-hidden.shape[1] // MEAN_BLOCK_COLUMNS))
-        kernel[grid](
-            hidden, meta.cu_seqlens, out, hidden.shape[1], BLOCK_ROWS=32, BLOCK_COLUMNS=MEAN_BLOCK_COLUMNS
-        )
-        return out
+        return segment_mean(kernel, hidden, meta.cu_seqlens, meta.num_seqs)
     sums = hidden.new_zeros(meta.num_seqs, hidden.shape[1], dtype=torch.float32)
     sums.index_add_(0, meta.segment_ids, hidden.float())
     return sums / meta.lengths.clamp(min=1).unsqueeze(1)
@@ -68,6 +62,16 @@ class Pooler(nn.Module):
 
 
 MEAN_BLOCK_COLUMNS = 128
+
+
+def segment_mean(kernel, hidden: torch.Tensor, cu_seqlens: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """[num_tokens, hidden] -> [num_seqs, hidden] float32 by the Triton kernel, on the device the
+    tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
+    hidden = hidden.contiguous()
+    out = torch.empty(num_seqs, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    grid = (num_seqs, -(-hidden.shape[1] // MEAN_BLOCK_COLUMNS))
+    kernel[grid](hidden, cu_seqlens, out, hidden.shape[1], BLOCK_ROWS=32, BLOCK_COLUMNS=MEAN_BLOCK_COLUMNS)
+    return out
 
 
 @functools.cache

@@ -1,0 +1,140 @@
+"""posy's Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1), in float32,
+against their torch versions: the masks, segments, windows, padding and launch code of every kernel
+are checked in CI, where there is no GPU. The compiled kernels have their GPU tests beside these."""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata, normalize_window
+from engine.attention import triton_backend as attention_module
+from engine.attention.torch_backend import TorchAttention
+from engine.layers import add_norm, embed_norm, pooling
+
+
+@pytest.fixture
+def interpreted():
+    """Skips unless Triton's interpreter is on (tests/conftest.py turns it on where there is no GPU)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the compiled kernels run in the GPU tests")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton was imported before tests/conftest.py could turn its interpreter on")
+
+
+def relative_error(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+@pytest.mark.parametrize("hidden", [32, 96, 384])
+def test_add_layer_norm(interpreted, hidden):
+    generator = torch.Generator().manual_seed(hidden)
+    norm = nn.LayerNorm(hidden, eps=1e-12)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=generator))
+        norm.bias.copy_(torch.randn(hidden, generator=generator))
+    x, residual = torch.randn(2, 37, hidden, generator=generator)
+    got = add_norm.add_layer_norm(add_norm._triton_kernel(), x, residual, norm.weight, norm.bias, norm.eps)
+    expected = F.layer_norm(x + residual, (hidden,), norm.weight, norm.bias, norm.eps)
+    assert relative_error(got.detach(), expected.detach()) <= 1e-5
+
+
+@pytest.mark.parametrize(("with_types", "offset"), [(True, 0), (False, 2)])
+def test_embed_layer_norm(interpreted, with_types, offset):
+    generator = torch.Generator().manual_seed(offset)
+    word, position, token_type = nn.Embedding(50, 96), nn.Embedding(40, 96), nn.Embedding(2, 96)
+    norm = nn.LayerNorm(96, eps=1e-12)
+    ids = torch.randint(0, 50, (30,), generator=generator)
+    positions = torch.randint(0, 30, (30,), generator=generator)
+    types = torch.randint(0, 2, (30,), generator=generator) if with_types else None
+    with torch.no_grad():
+        tables = (word, position, token_type, norm)
+        got = embed_norm.embed_layer_norm(ids, positions, types, *tables, offset, embed_norm._triton_kernel())
+        total = word(ids) + position(positions + offset)
+        total = total + (token_type(types) if with_types else token_type.weight[0])
+        expected = norm(total)
+    assert got is not None and relative_error(got, expected) <= 1e-5
+
+
+def test_segment_mean_with_empty_slots(interpreted):
+    lengths = [1, 0, 33, 70, 0, 7]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    hidden = torch.randn(sum(lengths), 200, generator=torch.Generator().manual_seed(0))
+    meta = AttentionMetadata.build(cu_seqlens, max_seqlen=70)
+    got = pooling.segment_mean(pooling._triton_kernel(), hidden, cu_seqlens, len(lengths))
+    torch.testing.assert_close(got, pooling.mean_pool(hidden, meta), rtol=1e-5, atol=1e-6)
+    assert (got[torch.tensor(lengths) == 0] == 0).all()
+
+
+def packed_attention():
+    return attention_module.TritonAttention(attention_module._triton_kernel(), long_sequences=None)
+
+
+def random_qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed):
+    """q, and k and v side by side in one tensor (take strided views of it)."""
+    generator = torch.Generator().manual_seed(seed)
+    heads = (num_heads, 2 * num_kv_heads)
+    return (torch.randn(num_tokens, count, head_dim, generator=generator) for count in heads)
+
+
+CASES = [
+    # (lengths, query heads, key/value heads, head dim, causal, window)
+    ([5, 1, 17, 9, 64, 3], 4, 4, 32, False, None),  # every sequence <= 64 tokens: 16-row tiles
+    ([5, 1, 17, 9, 64, 3], 4, 2, 32, True, None),
+    ([100, 1, 30, 128, 2], 4, 2, 64, False, None),  # longer ones: 64-row tiles spanning sequences
+    ([100, 1, 30, 128, 2], 4, 1, 48, True, None),  # head dim 48 pads to 64 with a mask
+    ([90, 40, 7], 2, 2, 32, True, 16),
+    ([90, 40, 7], 2, 2, 32, False, (8, 4)),
+]
+
+
+@pytest.mark.parametrize(("lengths", "num_heads", "num_kv_heads", "head_dim", "causal", "window"), CASES)
+def test_packed_attention_matches_the_reference(
+    interpreted, lengths, num_heads, num_kv_heads, head_dim, causal, window
+):
+    q, kv = random_qkv(sum(lengths), num_heads, num_kv_heads, head_dim, seed=len(lengths) + head_dim)
+    k, v = kv[:, :num_kv_heads], kv[:, num_kv_heads:]  # strided views, as a fused projection gives them
+    meta = AttentionMetadata.build(
+        torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32), max(lengths)
+    )
+    normalized = normalize_window(window, causal)
+    got = packed_attention().forward(q, k, v, meta, causal, normalized)
+    expected = TorchAttention().forward(q, k, v, meta, causal, normalized)
+    assert torch.isfinite(got).all()
+    start = 0
+    for length in lengths:
+        end = start + length
+        assert relative_error(got[start:end], expected[start:end]) <= 1e-4, (length, start)
+        start = end
+
+
+def test_packed_attention_with_empty_slots_and_an_upper_bound(interpreted):
+    """As a CUDA graph runs it: zero-length slots in cu_seqlens, max_seqlen only an upper bound."""
+    lengths = [20, 0, 44, 0, 0, 9]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    exact = AttentionMetadata.build(cu_seqlens, max(lengths))
+    bounded = AttentionMetadata(
+        cu_seqlens=cu_seqlens,
+        max_seqlen=64,
+        seqlens=(0,) * len(lengths),
+        runs=(),
+        segment_ids=exact.segment_ids,
+        lengths=torch.zeros(len(lengths), dtype=torch.int64),
+    )
+    q, kv = random_qkv(sum(lengths), 2, 2, 32, seed=9)
+    k, v = kv[:, :2], kv[:, 2:]
+    got = packed_attention().forward(q, k, v, bounded, False, None)
+    expected = TorchAttention().forward(q, k, v, exact, False, None)
+    assert relative_error(got, expected) <= 1e-4
+
+
+def test_the_tile_follows_the_length_bucket():
+    assert attention_module.tile_config(64, 64) == (16, 32, 1, 2)
+    assert attention_module.tile_config(32, 50) == (16, 32, 1, 2)
+    assert attention_module.tile_config(64, 128) == (64, 32, 4, 2)
+    assert attention_module.tile_config(128, 64) == (64, 32, 4, 2)
+    assert math.isclose(attention_module.LOG2_E, 1 / math.log(2))
