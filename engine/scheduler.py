@@ -20,10 +20,6 @@ class ScheduledSequence:
     owner: object = None
     index: int = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
 
 @dataclass(slots=True, eq=False)
 class QueuedRequest:
@@ -41,7 +37,7 @@ class QueuedRequest:
     def __post_init__(self) -> None:
         if not self.lengths:
             self.lengths = [len(ids) for ids in self.token_ids]
-        self.remaining_tokens = sum(self.lengths[self.taken :])
+        self.remaining_tokens = sum(self.lengths)
 
     def take(self) -> ScheduledSequence:
         index = self.taken
@@ -76,6 +72,8 @@ class Scheduler:
     def submit(self, request: QueuedRequest) -> None:
         """Queue one request's sequences together, or refuse them all with Overloaded.
         An empty queue admits any request, so a request larger than the queue still runs."""
+        if not request.lengths:
+            raise ValueError("a request needs at least one sequence")
         num_tokens = request.remaining_tokens
         with self._condition:
             if self._stopped:

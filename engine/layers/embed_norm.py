@@ -10,7 +10,7 @@ import functools
 import torch
 from torch import nn
 
-MAX_HIDDEN = 8192
+from engine.layers.add_norm import MAX_HIDDEN, triton_block
 
 
 def embed_layer_norm(
@@ -38,7 +38,7 @@ def embed_layer_norm(
         input_ids, positions, token_type_ids if use_types else input_ids,
         word.weight, position.weight, token_type.weight, norm.weight, norm.bias, out,
         hidden, position_offset, norm.eps,
-        USE_TYPES=use_types, BLOCK=1 << (hidden - 1).bit_length(), num_warps=4,
+        USE_TYPES=use_types, BLOCK=triton_block(hidden), num_warps=4,
     )  # fmt: skip
     return out
 

@@ -102,3 +102,10 @@ def test_stopped_scheduler_refuses_work_and_wakes_waiters():
     assert scheduler.next_batch(timeout=5) == []
     with pytest.raises(EngineStopped):
         scheduler.submit(request("a", 1))
+
+
+def test_a_request_without_sequences_is_refused():
+    scheduler = Scheduler(max_batch_tokens=10, max_batch_seqs=10, max_queue_tokens=100)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        scheduler.submit(request("empty"))
+    assert scheduler.next_batch(timeout=0) == []
