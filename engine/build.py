@@ -13,6 +13,7 @@ from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
+from engine.models.registry import lookup
 from engine.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,8 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     device = torch.device(config.device)
     hf_config = spec.hf_config
     num_heads = hf_config.num_attention_heads
+    # a model with sliding-window layers (ModernBERT) needs a backend that takes a window
+    window_of = getattr(lookup(spec.architecture).model_class, "attention_window", None)
     backend = select_backend(
         config.attention_backend,
         device,
@@ -29,6 +32,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
         dtype=DTYPES[config.dtype],
+        window=window_of(spec) if window_of is not None else None,
         graphs=config.uses_cuda_graphs,
     )
     model = load_model(spec, device, DTYPES[config.dtype], backend)

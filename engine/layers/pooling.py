@@ -54,7 +54,11 @@ class Pooler(nn.Module):
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_seqs, hidden] float32
-        pooled = self.pool(hidden, meta).float()
+        return self.finish(self.pool(hidden, meta))
+
+    def finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        # [num_seqs, hidden] pooled rows -> float32, normalized where the model is
+        pooled = pooled.float()
         return F.normalize(pooled, p=2.0, dim=-1) if self.normalize else pooled
 
     def extra_repr(self) -> str:

@@ -17,9 +17,8 @@ from engine.layers.linear_act import LinearActivation
 from engine.layers.pooling import Pooler, cls_pool
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec
+    from engine.loader import ModelSpec, WeightTargets
 
-WeightTarget = tuple[str, slice | None]  # (parameter name, rows of it the tensor fills; None: all)
 ROBERTA_ARCHITECTURE_PREFIXES = ("Roberta", "XLMRoberta")
 
 
@@ -155,10 +154,10 @@ class BertEncoder(nn.Module):
             hidden = layer(hidden, meta)
         return hidden
 
-    def weight_map(self) -> dict[str, WeightTarget]:
+    def weight_map(self) -> WeightTargets:
         """Every checkpoint tensor the model needs -> where it goes."""
         hidden_size = self.config.hidden_size
-        targets: dict[str, WeightTarget] = {}
+        targets: WeightTargets = {}
         for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
             targets[f"embeddings.{table}.weight"] = (f"embeddings.{table}.weight", None)
         for leaf in ("weight", "bias"):
@@ -224,7 +223,7 @@ class BertClassifier(BertEncoder):
             meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
         return self.head(cls_pool(self.encode(batch, meta), meta)).float()
 
-    def weight_map(self) -> dict[str, WeightTarget]:
+    def weight_map(self) -> WeightTargets:
         head = (
             {"classifier.dense": "head.dense", "classifier.out_proj": "head.out"}
             if self.config.is_roberta

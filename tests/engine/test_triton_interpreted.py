@@ -13,7 +13,10 @@ from torch import nn
 from engine.attention import AttentionMetadata, normalize_window
 from engine.attention import triton_backend as attention_module
 from engine.attention.torch_backend import TorchAttention
-from engine.layers import add_norm, embed_norm, pooling
+from engine.layers import add_norm, embed_norm, pooling, rms_norm, swiglu
+from engine.layers import qk_norm_rotary as qk_norm_rotary_module
+from engine.layers.qk_norm_rotary import QKNormRotary, qk_norm_rotary
+from engine.layers.rotary import rotary_tables
 
 
 @pytest.fixture
@@ -138,3 +141,44 @@ def test_the_tile_follows_the_length_bucket():
     assert attention_module.tile_config(64, 128) == (64, 32, 4, 2)
     assert attention_module.tile_config(128, 64) == (64, 32, 4, 2)
     assert math.isclose(attention_module.LOG2_E, 1 / math.log(2))
+
+
+@pytest.mark.parametrize("hidden", [24, 96, 384])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm(interpreted, hidden, with_residual):
+    generator = torch.Generator().manual_seed(hidden)
+    x, residual = torch.randn(2, 37, hidden, generator=generator)
+    weight = torch.rand(hidden, generator=generator) + 0.5
+    got, total = rms_norm.add_rms_norm(
+        rms_norm._triton_kernel(), x, residual if with_residual else None, weight, 1e-6
+    )
+    expected_total = x + residual if with_residual else x
+    assert torch.equal(total, expected_total)
+    assert relative_error(got, rms_norm.rms_norm(expected_total, weight, 1e-6)) <= 1e-5
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 24), (2, 2, 64), (8, 1, 32)])
+def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim):
+    generator = torch.Generator().manual_seed(head_dim)
+    layer = QKNormRotary(num_heads, num_kv_heads, head_dim, eps=1e-6)
+    with torch.no_grad():
+        layer.q_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
+        layer.k_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
+    qkv = torch.randn(29, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator)
+    positions = torch.cat([torch.arange(20), torch.arange(9)])  # two packed sequences
+    cos, sin = rotary_tables(positions, head_dim, 1_000_000.0, torch.float32)
+    with torch.no_grad():
+        expected = [tensor.clone() for tensor in layer(qkv, cos, sin)]  # the torch ops on the CPU
+        fused = qkv.clone()
+        qk_norm_rotary(qk_norm_rotary_module._triton_kernel(), fused, cos, sin, layer)
+    for got, want in zip(layer.split(fused), expected):
+        assert relative_error(got, want) <= 1e-5
+    assert torch.equal(layer.split(fused)[2], layer.split(qkv)[2])  # values untouched
+
+
+@pytest.mark.parametrize("intermediate", [96, 1100])
+def test_silu_and_mul(interpreted, intermediate):
+    gate_up = torch.randn(13, 2 * intermediate, generator=torch.Generator().manual_seed(intermediate))
+    got = swiglu.silu_and_mul(gate_up, kernel=swiglu._triton_kernel())
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert relative_error(got, F.silu(gate) * up) <= 1e-5

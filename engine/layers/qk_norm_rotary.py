@@ -1,0 +1,102 @@
+"""QKNormRotary: Qwen3's per-head RMSNorm of queries and keys, then rotary, on the fused QKV output.
+On CUDA one Triton kernel does both for every (token, head) in place (one read, one write) instead of
+about a dozen elementwise kernels; elsewhere the torch ops run."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from engine.layers.rms_norm import RMSNorm
+from engine.layers.rotary import apply_rotary
+
+
+class QKNormRotary(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # [num_tokens, (heads + 2 kv_heads) * head_dim] -> q [num_tokens, heads, head_dim], k and v
+        # [num_tokens, kv_heads, head_dim]; cos/sin [num_tokens, head_dim] in the model dtype
+        kernel = _triton_kernel() if qkv.is_cuda else None
+        if kernel is not None and qkv.is_contiguous():
+            qk_norm_rotary(kernel, qkv, cos, sin, self)
+            return self.split(qkv)
+        q, k, v = self.split(qkv)
+        return apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin), v
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        num_tokens = qkv.shape[0]
+        heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        return heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+
+
+def qk_norm_rotary(
+    kernel, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: QKNormRotary
+) -> None:
+    """Normalize and rotate the query and key heads of `qkv` in place by the Triton kernel, on the device
+    the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
+    num_tokens = qkv.shape[0]
+    half = layer.head_dim // 2
+    grid = (num_tokens, layer.num_heads + layer.num_kv_heads)
+    kernel[grid](
+        qkv,
+        cos.contiguous(),
+        sin.contiguous(),
+        layer.q_norm.weight,
+        layer.k_norm.weight,
+        qkv.shape[1],
+        layer.num_heads,
+        layer.head_dim,
+        layer.q_norm.eps,
+        HALF=half,
+        BLOCK=1 << (half - 1).bit_length(),
+        num_warps=1,
+    )
+
+
+@functools.cache
+def _triton_kernel():
+    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def qk_norm_rotary(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, row_size, num_heads, head_dim,
+                       eps, HALF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        # one program per (token, query or key head): RMSNorm over the head, rounded and scaled as the
+        # unfused ops do, then the rotation of its two halves by the token's angles
+        token = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        columns = tl.arange(0, BLOCK)
+        mask = columns < HALF
+        first_ptr = qkv_ptr + token * row_size + head * head_dim + columns
+        first = tl.load(first_ptr, mask=mask, other=0.0).to(tl.float32)
+        second = tl.load(first_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+        square_sum = tl.sum(first * first, axis=0) + tl.sum(second * second, axis=0)
+        inverse_rms = 1.0 / tl.sqrt(square_sum / head_dim + eps)
+        if head < num_heads:
+            first_weight = tl.load(q_weight_ptr + columns, mask=mask).to(tl.float32)
+            second_weight = tl.load(q_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
+        else:
+            first_weight = tl.load(k_weight_ptr + columns, mask=mask).to(tl.float32)
+            second_weight = tl.load(k_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
+        dtype = qkv_ptr.dtype.element_ty
+        first = ((first * inverse_rms).to(dtype).to(tl.float32) * first_weight).to(dtype).to(tl.float32)
+        second = ((second * inverse_rms).to(dtype).to(tl.float32) * second_weight).to(dtype).to(tl.float32)
+        cos = tl.load(cos_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
+        sin = tl.load(sin_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
+        tl.store(first_ptr, (first * cos - second * sin).to(dtype), mask=mask)
+        tl.store(first_ptr + HALF, (second * cos + first * sin).to(dtype), mask=mask)
+
+    return qk_norm_rotary

@@ -1,0 +1,99 @@
+"""RMSNorm as Qwen3 computes it (float32 statistics, scaled in the input dtype), alone or fused with
+the residual add that precedes it in a pre-norm block: one Triton kernel on CUDA (one read of each
+input, two writes), the torch ops elsewhere."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from engine.layers.add_norm import MAX_HIDDEN, triton_block
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # [..., hidden] -> [..., hidden]; rounded to the input dtype before the weight scales it, as HF does
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [..., hidden] -> [..., hidden]
+        return rms_norm(x, self.weight, self.eps)
+
+
+class AddRMSNorm(RMSNorm):
+    """(RMSNorm(x + residual), x + residual): the sum is the next block's residual stream. Without a
+    residual (the first block) it is (RMSNorm(x), x)."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # [num_tokens, hidden] x2 -> [num_tokens, hidden] x2
+        kernel = _triton_kernel() if x.is_cuda else None
+        if kernel is None or x.shape[-1] > MAX_HIDDEN:
+            total = x if residual is None else x + residual
+            return rms_norm(total, self.weight, self.eps), total
+        return add_rms_norm(kernel, x, residual, self.weight, self.eps)
+
+
+def add_rms_norm(
+    kernel, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) by the Triton kernel, on the device the tensors are on
+    (Triton's interpreter runs it on the CPU in the tests). The sum is rounded to the input dtype before
+    the norm reads it, as the unfused ops do."""
+    x = x.contiguous()
+    has_residual = residual is not None
+    total = torch.empty_like(x) if has_residual else x
+    out = torch.empty_like(x)
+    hidden = x.shape[-1]
+    kernel[(x.shape[0],)](
+        x,
+        residual.contiguous() if has_residual else x,
+        weight,
+        out,
+        total,
+        hidden,
+        eps,
+        HAS_RESIDUAL=has_residual,
+        BLOCK=triton_block(hidden),
+        num_warps=4,
+    )
+    return out, total
+
+
+@functools.cache
+def _triton_kernel():
+    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def add_rms_norm(x_ptr, residual_ptr, weight_ptr, out_ptr, total_ptr, hidden, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64) * hidden
+        columns = tl.arange(0, BLOCK)
+        mask = columns < hidden
+        total = tl.load(x_ptr + row + columns, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            residual = tl.load(residual_ptr + row + columns, mask=mask, other=0.0)
+            total = (total.to(tl.float32) + residual.to(tl.float32)).to(total_ptr.dtype.element_ty)
+            tl.store(total_ptr + row + columns, total, mask=mask)
+        total = total.to(tl.float32)
+        inverse_rms = 1.0 / tl.sqrt(tl.sum(total * total, axis=0) / hidden + eps)
+        normed = (total * inverse_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
+        weight = tl.load(weight_ptr + columns, mask=mask).to(tl.float32)
+        tl.store(out_ptr + row + columns, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+    return add_rms_norm
