@@ -44,7 +44,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="whole-model CUDA graphs: captured on a bucket's second hit, or all at start-up",
     )
     serve.add_argument(
-        "--max-batch-tokens", type=int, help="tokens per forward pass (16384 on GPU, 4096 on CPU)"
+        "--bidirectional",
+        action="store_true",
+        help="run a decoder embedder (Qwen3) without its causal mask, mean-pooled (pplx-embed style); "
+        "a config with is_causal: false does this by itself",
+    )
+    serve.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
+    serve.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="tokens per forward pass (16384 on GPU, 4096 on CPU, raised to the largest model window)",
     )
     serve.add_argument("--max-batch-seqs", type=int, default=512)
     serve.add_argument(
@@ -88,6 +97,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        bidirectional=args.bidirectional,
+        max_model_len=args.max_model_len,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_seqs=args.max_batch_seqs,
         max_queue_tokens=args.max_queue_tokens,

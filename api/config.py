@@ -23,6 +23,11 @@ class ServerConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: str = "lazy"
+    # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
+    bidirectional: bool = False
+    # caps every model's window (vLLM's --max-model-len); None: the model's own
+    max_model_len: int | None = None
+    # None: the device's default, raised to the largest model window
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None

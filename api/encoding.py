@@ -9,15 +9,18 @@ import numpy as np
 from api.errors import InvalidInput
 
 
+def check_dimensions(dimensions: int | None, model_dimensions: int) -> None:
+    """Checked before the model runs: `dimensions` may only shorten the model's vectors."""
+    if dimensions is not None and not 1 <= dimensions <= model_dimensions:
+        raise InvalidInput(
+            f"dimensions must be between 1 and the model's {model_dimensions}, not {dimensions}", "dimensions"
+        )
+
+
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     """Keep the first `dimensions` values and re-normalize (Matryoshka-style)."""
-    if dimensions is None:
-        return vectors
-    if not 1 <= dimensions <= vectors.shape[1]:
-        raise InvalidInput(
-            f"dimensions must be between 1 and the model's {vectors.shape[1]}, not {dimensions}", "dimensions"
-        )
-    if dimensions == vectors.shape[1]:
+    check_dimensions(dimensions, vectors.shape[1])
+    if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
     kept = vectors[:, :dimensions]
     norms = np.linalg.norm(kept, axis=1, keepdims=True)

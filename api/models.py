@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ModelNotServed, TaskNotSupported
+from api.prompts import select_prompt
 from api.tokenize import TextEncoder
 from engine.engine import Engine
 from engine.loader import ModelSpec
 from scoring.rerank import RerankModel
+from scoring.templates import JUDGE_PROMPTS, TextPrompts
 
 EMBED = "embed"
 RERANK = "rerank"
@@ -32,12 +34,23 @@ class ServedModel:
         return (RERANK,) if self.spec.num_labels in (1, 2) else ()
 
     def rerank_model(self) -> RerankModel:
+        spec = self.spec
+        if spec.pair_format in JUDGE_PROMPTS:
+            prompts = JUDGE_PROMPTS[spec.pair_format]
+        elif spec.task == "embed":
+            # an embedding model ranks with its own query and document prompts, as its retrieval does
+            prompts = TextPrompts(
+                select_prompt(spec.prompts, "query", None), select_prompt(spec.prompts, "document", None)
+            )
+        else:
+            prompts = TextPrompts()
         return RerankModel(
             engine=self.engine,
-            window=self.spec.max_seq_length,
+            window=spec.max_seq_length,
             single=self.encoder.single,
             pair=self.encoder.pair,
-            cross_encoder=self.spec.task == "score",
+            cross_encoder=spec.task == "score",
+            prompts=prompts,
         )
 
 

@@ -17,8 +17,14 @@ INPUT_TYPES = {
 }
 
 
-def select_prompt(prompts: Mapping[str, str], input_type: str | None, prompt_name: str | None) -> str:
-    """With neither field the text is a document and gets no prompt."""
+def select_prompt(
+    prompts: Mapping[str, str],
+    input_type: str | None,
+    prompt_name: str | None,
+    default_prompt_name: str | None = None,
+) -> str:
+    """`prompt_name` wins, then `input_type`. With neither, the model's `default_prompt_name` applies
+    (sentence-transformers does the same), and without one the text gets no prompt."""
     if prompt_name is not None:
         if prompt_name not in prompts:
             known = ", ".join(prompts) or "none"
@@ -27,7 +33,7 @@ def select_prompt(prompts: Mapping[str, str], input_type: str | None, prompt_nam
             )
         return prompts[prompt_name]
     if input_type is None:
-        return ""
+        return prompts.get(default_prompt_name, "") if default_prompt_name is not None else ""
     if input_type not in INPUT_TYPES:
         raise InvalidInput(
             f"unknown input_type '{input_type}'; use one of {', '.join(INPUT_TYPES)}", "input_type"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -43,7 +44,7 @@ class Server:
     def resolve(self) -> list[ModelSpec]:
         """Find every model's files and read its configs (fast; fails early on a bad --model)."""
         if self._specs is None:
-            specs = [resolve_model(model) for model in self.config.models]
+            specs = [self._resolve_one(model) for model in self.config.models]
             self.engine_config(max(spec.max_seq_length for spec in specs))
             self._specs = specs
         return self._specs
@@ -65,7 +66,7 @@ class Server:
             names = self._names(index, spec)
             engine = build_engine(spec, engine_config, self.metrics.batch_observer(names[0]))
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
-            encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
+            encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size, spec.pair_format)
             served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
             logger.info(
                 "serving %s as %s (%s, window %d)",
@@ -82,9 +83,19 @@ class Server:
             for model in self._registry.models:
                 model.engine.stop()
 
+    def _resolve_one(self, model: str | None) -> ModelSpec:
+        spec = resolve_model(model, bidirectional=self.config.bidirectional)
+        cap = self.config.max_model_len
+        if cap is not None:
+            if cap < 1:
+                raise ValueError(f"--max-model-len must be at least 1, not {cap}")
+            spec = dataclasses.replace(spec, max_seq_length=min(spec.max_seq_length, cap))
+        return spec
+
     def engine_config(self, max_window: int) -> EngineConfig:
         device = resolve_device(self.config.device)
-        max_batch_tokens = self.config.max_batch_tokens or default_max_batch_tokens(device)
+        # by default a batch holds at least one sequence of the largest window (Qwen3's reach 32k)
+        max_batch_tokens = self.config.max_batch_tokens or max(default_max_batch_tokens(device), max_window)
         engine_config = EngineConfig(
             device=device,
             dtype=resolve_dtype(self.config.dtype, device),

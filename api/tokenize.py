@@ -8,18 +8,21 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from api.errors import InputTooLong, InvalidInput
-from scoring.templates import PairTemplate, SingleTemplate
+from scoring.templates import JUDGE_PROMPTS, PairTemplate, SingleTemplate
 
 
 class TextEncoder:
-    def __init__(self, tokenizer_path: Path, window: int, vocab_size: int):
+    def __init__(self, tokenizer_path: Path, window: int, vocab_size: int, pair_format: str = "pair"):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.window = window
         self.vocab_size = vocab_size
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
-        self.pair = PairTemplate.from_tokenizer(self.tokenizer)
+        if pair_format in JUDGE_PROMPTS:
+            self.pair = JUDGE_PROMPTS[pair_format].pair_template(self.tokenizer)
+        else:
+            self.pair = PairTemplate.from_tokenizer(self.tokenizer)
 
     def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""

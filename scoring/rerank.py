@@ -11,7 +11,7 @@ import numpy as np
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores
-from scoring.templates import PairTemplate, SingleTemplate
+from scoring.templates import JudgePrompt, PairTemplate, SingleTemplate, TextPrompts
 
 MAX_CHUNKS_PER_REQUEST = 10_000
 
@@ -28,8 +28,14 @@ class RerankModel:
     window: int
     single: SingleTemplate
     pair: PairTemplate
-    # True: (query, chunk) pairs through a classifier; False: cosine of separate embeddings
+    # True: (query, chunk) pairs through a classifier or an LLM judge; False: cosine of separate embeddings
     cross_encoder: bool
+    # how the query and documents become texts before tokenization
+    prompts: TextPrompts | JudgePrompt = TextPrompts()
+
+    def texts(self, query: str, documents: Sequence[str], instruction: str | None) -> list[str]:
+        """[query text, *document texts], to tokenize without special tokens."""
+        return [self.prompts.query_text(query, instruction), *map(self.prompts.document_text, documents)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,8 @@ class RerankOptions:
     max_chunks_per_doc: int | None = None
     max_tokens_per_doc: int | None = None
     raw_scores: bool = False
+    # for instruction-following rerankers (Qwen3-Reranker); None is the model's default; others ignore it
+    instruction: str | None = None
 
 
 async def rerank_scores(

@@ -1,4 +1,5 @@
-"""Special-token templates read off a tokenizer: one text ([CLS] a [SEP]) or a pair."""
+"""Special-token templates read off a tokenizer (one text, [CLS] a [SEP], or a pair), and the prompts
+that turn a query and its documents into texts: none, an embedding model's own, or an LLM judge's."""
 
 from __future__ import annotations
 
@@ -82,3 +83,53 @@ class PairTemplate:
             *self.suffix.type_ids,
         ]
         return ids, type_ids
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompts:
+    """How a query and its documents become texts for a cross-encoder (no prompts) or an embedding
+    model (its own query and document prompts). They have no instruction: it is ignored."""
+
+    query: str = ""
+    document: str = ""
+
+    def query_text(self, query: str, instruction: str | None = None) -> str:
+        return self.query + query
+
+    def document_text(self, document: str) -> str:
+        return self.document + document
+
+
+@dataclass(frozen=True, slots=True)
+class JudgePrompt:
+    """An LLM reranker's chat prompt: the pair is one user turn, and the assistant's next token is
+    the judgment "yes" or "no". The query text ends where the document begins, so the two tokenize
+    apart as they would in one string (the space after "<Document>:" starts the first word)."""
+
+    prefix: str
+    suffix: str
+    default_instruction: str
+
+    def query_text(self, query: str, instruction: str | None = None) -> str:
+        return f"<Instruct>: {instruction or self.default_instruction}\n<Query>: {query}\n<Document>:"
+
+    def document_text(self, document: str) -> str:
+        return " " + document
+
+    def pair_template(self, tokenizer: Tokenizer) -> PairTemplate:
+        """The chat turn's fixed tokens around (query text, document text), no token types."""
+        prefix = tuple(tokenizer.encode(self.prefix, add_special_tokens=False).ids)
+        suffix = tuple(tokenizer.encode(self.suffix, add_special_tokens=False).ids)
+        return PairTemplate(
+            Piece(prefix, (0,) * len(prefix)), Piece(), Piece(suffix, (0,) * len(suffix)), 0, 0
+        )
+
+
+# Qwen3-Reranker's prompt, as its model card gives it
+QWEN3_JUDGE = JudgePrompt(
+    prefix="<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
+    'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
+    suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    default_instruction="Given a web search query, retrieve relevant passages that answer the query",
+)
+JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE}

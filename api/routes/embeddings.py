@@ -8,7 +8,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
-from api.encoding import encode_vectors, truncate_dimensions
+from api.encoding import check_dimensions, encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
 from api.inputs import normalize_input
 from api.models import EMBED
@@ -25,12 +25,14 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     data = await decode_body(request, EmbeddingRequest)
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
+    check_dimensions(data.dimensions, model.spec.output_dim)
     encoder = model.encoder
     max_tokens, truncate = _truncation(
         data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate
     )
     if inputs.texts is not None:
-        prompt = select_prompt(model.spec.prompts, data.input_type, data.prompt_name)
+        spec = model.spec
+        prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
         if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
             sequences = await asyncio.to_thread(encoder.encode, texts, max_tokens, truncate)

@@ -19,6 +19,9 @@ async def list_models(server: NamedDependency[Server]) -> ModelList:
                 created=server.started_at,
                 root=str(model.spec.name),
                 max_model_len=model.spec.max_seq_length,
+                tasks=list(model.tasks),
+                dimensions=model.spec.output_dim if model.spec.task == "embed" else None,
+                matryoshka=model.spec.matryoshka if model.spec.task == "embed" else None,
             )
             for model in registry.models
             for name in model.names

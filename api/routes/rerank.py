@@ -35,14 +35,16 @@ INLINE_TOKENIZE_CHARS = 20_000
 async def rerank_v1(request: Request, server: NamedDependency[Server]) -> RerankResponse:
     data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
-    return await _rerank(data, server, RerankOptions(max_chunks_per_doc=chunks), version="1")
+    options = RerankOptions(max_chunks_per_doc=chunks, instruction=data.instruction)
+    return await _rerank(data, server, options, version="1")
 
 
 @post("/v2/rerank", status_code=200)
 async def rerank_v2(request: Request, server: NamedDependency[Server]) -> RerankResponse:
     data = await decode_body(request, RerankRequest)
     max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
-    return await _rerank(data, server, RerankOptions(max_tokens_per_doc=max_tokens), version="2")
+    options = RerankOptions(max_tokens_per_doc=max_tokens, instruction=data.instruction)
+    return await _rerank(data, server, options, version="2")
 
 
 async def _rerank(
@@ -70,12 +72,13 @@ async def _rerank(
 
 
 async def score_texts(model: ServedModel, query: str, texts: list[str], options: RerankOptions) -> np.ndarray:
-    encoder = model.encoder
-    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-        ids = await asyncio.to_thread(encoder.content_ids, [query, *texts])
+    encoder, rerank_model = model.encoder, model.rerank_model()
+    prompted = rerank_model.texts(query, texts, options.instruction)
+    if sum(map(len, prompted)) > INLINE_TOKENIZE_CHARS:
+        ids = await asyncio.to_thread(encoder.content_ids, prompted)
     else:
-        ids = encoder.content_ids([query, *texts])
-    return await rerank_scores(model.rerank_model(), ids[0], ids[1:], options)
+        ids = encoder.content_ids(prompted)
+    return await rerank_scores(rerank_model, ids[0], ids[1:], options)
 
 
 def ranking(scores: np.ndarray, top_n: int | None) -> list[int]:

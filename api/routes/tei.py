@@ -25,7 +25,9 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     # truncation keeps one window per text; otherwise long texts score the max of their chunks
     options = RerankOptions(
-        max_chunks_per_doc=1 if truncate else DEFAULT_MAX_CHUNKS_PER_DOC, raw_scores=data.raw_scores
+        max_chunks_per_doc=1 if truncate else DEFAULT_MAX_CHUNKS_PER_DOC,
+        raw_scores=data.raw_scores,
+        instruction=data.instruction,
     )
     scores = await score_texts(model, data.query, data.texts, options)
     return [

@@ -20,6 +20,8 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     rank_fields: list[str] | None = None
     max_chunks_per_doc: int | None = None
     max_tokens_per_doc: int | None = None
+    # posy's extension for instruction-following rerankers (Qwen3-Reranker); ignored by others
+    instruction: str | None = None
 
 
 class RerankDocument(msgspec.Struct):
@@ -59,6 +61,7 @@ class TeiRerankRequest(msgspec.Struct, kw_only=True):
     return_text: bool = False
     truncate: bool | None = None
     truncation_direction: str = "Right"
+    instruction: str | None = None  # as in Cohere's routes
 
 
 class TeiRank(msgspec.Struct, omit_defaults=True):

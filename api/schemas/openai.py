@@ -48,6 +48,11 @@ class Model(msgspec.Struct):
     object: str = "model"
     root: str | None = None
     max_model_len: int | None = None
+    # posy's additions: what the model does, its vector size, and whether shorter `dimensions`
+    # keep retrieval quality (Matryoshka training) or merely cut the vector
+    tasks: list[str] | None = None
+    dimensions: int | None = None
+    matryoshka: bool | None = None
 
 
 class ModelList(msgspec.Struct):
