@@ -13,6 +13,7 @@ from benchmarks.render import render
 SUITES: dict[str, str] = {
     "cpu": "benchmarks.cpu",
     "engine": "benchmarks.engine",
+    "qwen3": "benchmarks.qwen3",
 }
 
 
@@ -26,6 +27,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
     parser.add_argument("--backend", default="auto", help="attention backend of the GPU suites")
+    parser.add_argument(
+        "--smoke", action="store_true", help="qwen3: a tiny shape on the CPU in seconds (code check only)"
+    )
     return parser.parse_args(argv)
 
 
