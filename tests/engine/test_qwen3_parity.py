@@ -43,9 +43,10 @@ def tiny_config(architecture, **overrides):
     return transformers.Qwen3Config(**settings)
 
 
-def save_random_qwen3(folder, architecture, sentence_transformers=None, **overrides):
-    """A random checkpoint, a word-level tokenizer holding Qwen's specials and the judge's yes/no,
-    and optionally sentence-transformers files with the given pooling mode."""
+def save_random_qwen3(folder, architecture, sentence_transformers=None, std=0.1, **overrides):
+    """A random checkpoint (weights of standard deviation `std`, norms around one), a word-level
+    tokenizer holding Qwen's specials and the judge's yes/no, and optionally sentence-transformers
+    files with the given pooling mode."""
     import transformers
 
     config = tiny_config(architecture, **overrides)
@@ -55,8 +56,8 @@ def save_random_qwen3(folder, architecture, sentence_transformers=None, **overri
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):  # around one, as trained norms are
                 parameter.uniform_(0.5, 1.5)
-            else:  # larger than the default init, so every weight matters
-                parameter.normal_(0.0, 0.1)
+            else:  # by default larger than the init, so every weight matters
+                parameter.normal_(0.0, std)
     model.save_pretrained(folder)
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
     vocab.update({f"w{index}": index for index in range(len(vocab), VOCAB_SIZE)})
