@@ -3,11 +3,11 @@ write), the two torch ops elsewhere; a LayerNorm subclass, so checkpoints map on
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.layers.triton_kernel import triton_kernel
 
 MAX_HIDDEN = 8192  # one row per program: wider rows take the torch ops
 
@@ -38,14 +38,9 @@ def triton_block(hidden: int) -> int:
     return 1 << (hidden - 1).bit_length()
 
 
-@functools.cache
-def _triton_kernel():
-    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def add_layer_norm(x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, hidden, eps, BLOCK: tl.constexpr):

@@ -5,12 +5,11 @@ the vocabulary before they reach the engine (api/tokenize.py), so the gathers st
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from engine.layers.add_norm import MAX_HIDDEN, triton_block
+from engine.layers.triton_kernel import triton_kernel
 
 
 def embed_layer_norm(
@@ -43,14 +42,9 @@ def embed_layer_norm(
     return out
 
 
-@functools.cache
-def _triton_kernel():
-    """The compiled-on-first-use kernel, or None where Triton is missing."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def embed_norm(

@@ -3,7 +3,6 @@ mean pooling is one Triton kernel that reads the hidden states once, in their ow
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
 from engine.errors import UnsupportedModel
+from engine.layers.triton_kernel import triton_kernel
 
 
 def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -78,14 +78,9 @@ def segment_mean(kernel, hidden: torch.Tensor, cu_seqlens: torch.Tensor, num_seq
     return out
 
 
-@functools.cache
-def _triton_kernel():
-    """The segment-mean kernel, compiled on first use; None where Triton is missing."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def segment_mean(hidden_ptr, cu_seqlens_ptr, out_ptr, hidden_size, BLOCK_ROWS: tl.constexpr,

@@ -4,13 +4,12 @@ about a dozen elementwise kernels; elsewhere the torch ops run."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from engine.layers.rms_norm import RMSNorm
 from engine.layers.rotary import apply_rotary
+from engine.layers.triton_kernel import triton_kernel
 
 
 class QKNormRotary(nn.Module):
@@ -62,14 +61,9 @@ def qk_norm_rotary(
     )
 
 
-@functools.cache
-def _triton_kernel():
-    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def qk_norm_rotary(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, row_size, num_heads, head_dim,

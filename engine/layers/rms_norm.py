@@ -4,12 +4,11 @@ input, two writes), the torch ops elsewhere."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from engine.layers.add_norm import MAX_HIDDEN, triton_block
+from engine.layers.triton_kernel import triton_kernel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,14 +69,9 @@ def add_rms_norm(
     return out, total
 
 
-@functools.cache
-def _triton_kernel():
-    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def add_rms_norm(x_ptr, residual_ptr, weight_ptr, out_ptr, total_ptr, hidden, eps,

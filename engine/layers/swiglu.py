@@ -3,10 +3,10 @@ CUDA (one read, one write of half the size) instead of three, the torch ops else
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
+
+from engine.layers.triton_kernel import triton_kernel
 
 BLOCK_COLUMNS = 1024
 
@@ -27,14 +27,9 @@ def silu_and_mul(gate_up: torch.Tensor, kernel=None) -> torch.Tensor:
     return out
 
 
-@functools.cache
-def _triton_kernel():
-    """The compiled-on-first-use kernel, or None where Triton is missing (the torch ops then run)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+@triton_kernel
+def _triton_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
 
     @triton.jit
     def silu_and_mul(gate_up_ptr, out_ptr, intermediate, BLOCK: tl.constexpr):
