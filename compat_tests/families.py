@@ -1,0 +1,478 @@
+"""Tiny random-weight checkpoints laid out as each family's hub models are (config, trained fast tokenizer,
+sentence-transformers files, model card), and the transformers reference on the same weights, fp32 CPU."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from torch import nn
+
+HIDDEN = 64
+# 1_Pooling/config.json as the hub repositories carry it: one flag per pooling mode
+POOLING_FLAGS = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+CPU_FLOAT32 = ("--device", "cpu", "--dtype", "float32")  # the reference runs in fp32 on the CPU
+MAX_POSITIONS = 512
+MODERNBERT_LOCAL_ATTENTION = 8  # a sliding layer sees 4 tokens on each side: every test text is longer
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+# Qwen3-Reranker's prompt as its model card writes it, kept apart from posy's copy in scoring/templates.py
+JUDGE_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+JUDGE_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+JUDGE_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+# Qwen3-Embedding's config_sentence_transformers.json
+QWEN3_EMBEDDING_PROMPTS = {"query": f"Instruct: {JUDGE_INSTRUCTION}\nQuery:", "document": ""}
+
+# what the tokenizers are trained on: most texts the tests send, the prompts, and "yes" / "no" on lines of
+# their own, so that those are single tokens and the prompts tokenize into merged pieces, not bytes
+CORPUS = [
+    "What is the capital of France?",
+    "Paris is the capital and largest city of France.",
+    "Bananas are a yellow fruit rich in potassium.",
+    "The Eiffel Tower was finished in 1889.",
+    "Python is a popular programming language.",
+    "Where do emperor penguins raise their chicks?",
+    "Emperor penguins raise their chicks on the Antarctic sea ice through the long dark winter.",
+    "The train to Berlin leaves from platform nine.",
+    "Stock prices rose sharply after the earnings report.",
+    "The recipe calls for two cups of flour and a pinch of salt.",
+    "Which battery lasts longest in cold weather?",
+    "The reviewer says the phone battery lasts two days, even in the cold.",
+    "Given a product question, find the customer review that answers it",
+    JUDGE_PREFIX,
+    JUDGE_SUFFIX,
+    f"<Instruct>: {JUDGE_INSTRUCTION}\n<Query>: question\n<Document>: passage",
+    QWEN3_EMBEDDING_PROMPTS["query"],
+    "yes",
+    "no",
+]
+
+
+def training_corpus() -> list[str]:
+    return CORPUS * 20
+
+
+def xlm_roberta_tokenizer() -> Tokenizer:
+    """A SentencePiece-style Unigram with XLM-R's specials <s>=0, <pad>=1, </s>=2, <unk>=3 and its
+    templates `<s> $A </s>` and `<s> $A </s> </s> $B </s>` (all token type 0)."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    trainer = trainers.UnigramTrainer(
+        vocab_size=400, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    tokenizer.train_from_iterator(training_corpus(), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    assert [tokenizer.token_to_id(token) for token in specials] == [0, 1, 2, 3]
+    return tokenizer
+
+
+def byte_level_bpe(specials: list[str], vocab_size: int = 600) -> Tokenizer:
+    """Qwen2's tokenizer pipeline (its split pattern, then bytes) trained on the corpus."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_corpus(), trainer)
+    return tokenizer
+
+
+def qwen3_tokenizer(append_endoftext: bool) -> Tokenizer:
+    """Qwen3-Embedding's tokenizer appends <|endoftext|> to every text; Qwen3-Reranker's adds nothing."""
+    tokenizer = byte_level_bpe(QWEN_SPECIALS)
+    if append_endoftext:
+        eos = tokenizer.token_to_id("<|endoftext|>")
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A:0 <|endoftext|>:0",
+            pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+            special_tokens=[("<|endoftext|>", eos)],
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    assert tokenizer.token_to_id("yes") is not None and tokenizer.token_to_id("no") is not None
+    return tokenizer
+
+
+def modernbert_tokenizer() -> Tokenizer:
+    """ModernBERT's layout: byte-level BPE with [CLS] $A [SEP] and [CLS] $A [SEP] $B [SEP]."""
+    tokenizer = byte_level_bpe(["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 0), ("[SEP]", 2)]
+    )
+    return tokenizer
+
+
+# checkpoints
+
+
+def model_class(folder: Path) -> type[nn.Module]:
+    """The transformers class of a saved checkpoint's first architecture."""
+    import transformers
+
+    return getattr(transformers, json.loads((folder / "config.json").read_text())["architectures"][0])
+
+
+def randomize(model: nn.Module, std: float) -> nn.Module:
+    """Weights larger than the default init so every one matters; norm scales around one, as trained."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight"):
+                parameter.uniform_(0.5, 1.5)
+            else:
+                parameter.normal_(0.0, std)
+    return model.eval()
+
+
+def save(folder: Path, model: nn.Module, tokenizer: Tokenizer) -> nn.Module:
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return model
+
+
+def write_sentence_transformers(
+    folder: Path, pooling_mode: str, normalize: bool, prompts: dict[str, str] | None = None
+) -> None:
+    """modules.json, 1_Pooling/config.json and (with prompts) config_sentence_transformers.json."""
+    kinds = ["Transformer", "Pooling", *(["Normalize"] if normalize else [])]
+    paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize"}
+    modules = [
+        {
+            "idx": index,
+            "name": str(index),
+            "path": paths[kind],
+            "type": f"sentence_transformers.models.{kind}",
+        }
+        for index, kind in enumerate(kinds)
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    flags = {flag: mode == pooling_mode for mode, flag in POOLING_FLAGS.items()}
+    pooling = {"word_embedding_dimension": HIDDEN, **flags, "include_prompt": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    if normalize:
+        (folder / "2_Normalize").mkdir()
+    if prompts is not None:
+        config = {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(config))
+
+
+def xlm_roberta_config(architecture: str):
+    import transformers
+
+    return transformers.XLMRobertaConfig(
+        vocab_size=xlm_roberta_tokenizer().get_vocab_size(),
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=MAX_POSITIONS + 2,  # RoBERTa positions start after the pad id 1
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        num_labels=1,
+        architectures=[architecture],
+    )
+
+
+def build_bge_m3(folder: Path) -> nn.Module:
+    import transformers
+
+    model = randomize(transformers.XLMRobertaModel(xlm_roberta_config("XLMRobertaModel")), 0.2)
+    write_sentence_transformers(folder, "cls", normalize=True)
+    return save(folder, model, xlm_roberta_tokenizer())
+
+
+def build_bge_reranker(folder: Path) -> nn.Module:
+    import transformers
+
+    config = xlm_roberta_config("XLMRobertaForSequenceClassification")
+    model = randomize(transformers.XLMRobertaForSequenceClassification(config), 0.2)
+    return save(folder, model, xlm_roberta_tokenizer())
+
+
+class PositionsFromZero(nn.Module):
+    """A RoBERTa given positions 0, 1, ... as BERT counts them, not from pad_token_id + 1."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        positions = torch.arange(input_ids.shape[1])[None]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+
+
+def xlm_roberta_positions_from_zero(folder: Path) -> nn.Module:
+    return PositionsFromZero(model_class(folder).from_pretrained(folder).eval())
+
+
+def qwen3_config(architecture: str, tokenizer: Tokenizer, **overrides):
+    import transformers
+
+    settings = dict(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention
+        head_dim=24,  # not hidden_size / heads, as in the real sizes
+        intermediate_size=96,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,  # as the 0.6B checkpoints
+        bos_token_id=None,
+        eos_token_id=tokenizer.token_to_id("<|endoftext|>"),
+        pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
+        architectures=[architecture],
+    )
+    settings.update(overrides)
+    return transformers.Qwen3Config(**settings)
+
+
+def build_qwen3_embedding(folder: Path) -> nn.Module:
+    """Qwen3-Embedding: a Qwen3ForCausalLM checkpoint with last-token sentence-transformers files, query
+    and document prompts, and a model card that names MRL."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=True)
+    model = randomize(transformers.Qwen3ForCausalLM(qwen3_config("Qwen3ForCausalLM", tokenizer)), 0.1)
+    write_sentence_transformers(folder, "lasttoken", normalize=True, prompts=QWEN3_EMBEDDING_PROMPTS)
+    (folder / "README.md").write_text(
+        "---\nlibrary_name: sentence-transformers\n---\n# Tiny Qwen3 embedding\n\n"
+        "- Supports user-defined output dimensions (MRL support) from 32 to 1024.\n"
+    )
+    return save(folder, model, tokenizer).model
+
+
+def build_pplx_embed(folder: Path) -> nn.Module:
+    """pplx-embed: a Qwen3Model whose config says is_causal false, mean-pooled and not normalized."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=False)
+    config = qwen3_config("Qwen3Model", tokenizer, is_causal=False)
+    model = randomize(transformers.Qwen3Model(config), 0.1)
+    write_sentence_transformers(folder, "mean", normalize=False)
+    save(folder, model, tokenizer)
+    # transformers honours `is_causal: false` from the config when it builds the mask itself (eager)
+    return transformers.Qwen3Model.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def causal_pplx_embed(folder: Path) -> nn.Module:
+    import transformers
+
+    return transformers.Qwen3Model.from_pretrained(folder, attn_implementation="eager", is_causal=True).eval()
+
+
+def build_qwen3_reranker(folder: Path) -> nn.Module:
+    """Qwen3-Reranker: a bare Qwen3ForCausalLM, no sentence-transformers files."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=False)
+    model = randomize(transformers.Qwen3ForCausalLM(qwen3_config("Qwen3ForCausalLM", tokenizer)), 0.1)
+    return save(folder, model, tokenizer)
+
+
+def modernbert_config(architecture: str, **overrides):
+    import transformers
+
+    return transformers.ModernBertConfig(
+        vocab_size=modernbert_tokenizer().get_vocab_size(),
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        global_attn_every_n_layers=2,  # full, sliding, full
+        local_attention=MODERNBERT_LOCAL_ATTENTION,
+        max_position_embeddings=MAX_POSITIONS,
+        pad_token_id=1,
+        bos_token_id=0,
+        cls_token_id=0,
+        eos_token_id=2,
+        sep_token_id=2,
+        num_labels=1,
+        architectures=[architecture],
+        **overrides,
+    )
+
+
+def build_gte_modernbert(folder: Path) -> nn.Module:
+    import transformers
+
+    model = randomize(transformers.ModernBertModel(modernbert_config("ModernBertModel")), 0.2)
+    write_sentence_transformers(folder, "cls", normalize=True)
+    return save(folder, model, modernbert_tokenizer())
+
+
+def modernbert_without_sliding_window(folder: Path) -> nn.Module:
+    return model_class(folder).from_pretrained(folder, local_attention=4 * MAX_POSITIONS).eval()
+
+
+def build_gte_reranker_modernbert(folder: Path) -> nn.Module:
+    import transformers
+
+    config = modernbert_config("ModernBertForSequenceClassification", classifier_pooling="mean")
+    model = randomize(transformers.ModernBertForSequenceClassification(config), 0.2)
+    return save(folder, model, modernbert_tokenizer())
+
+
+def build_gpt2(folder: Path) -> nn.Module:
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=600, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    config.architectures = ["GPT2Model"]
+    return save(folder, transformers.GPT2Model(config).eval(), byte_level_bpe(["<|endoftext|>"]))
+
+
+# the transformers reference: one unpadded sequence at a time
+
+
+def hidden_states(model: nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """[num_tokens, hidden] final hidden states of a bare encoder."""
+    input_ids = torch.tensor([list(ids)])
+    with torch.inference_mode():
+        return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state[0]
+
+
+def cls_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    return F.normalize(hidden_states(model, ids)[0], dim=-1).numpy()
+
+
+def last_token_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    return F.normalize(hidden_states(model, ids)[-1], dim=-1).numpy()
+
+
+def mean_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    return hidden_states(model, ids).mean(0).numpy()
+
+
+def classifier_logit(model: nn.Module, ids: Sequence[int]) -> float:
+    input_ids = torch.tensor([list(ids)])
+    with torch.inference_mode():
+        return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0, 0].item()
+
+
+def judge_probability(
+    model: nn.Module, tokenizer: Tokenizer, query: str, document: str, instruction: str | None = None
+) -> float:
+    """Qwen3-Reranker's model card: prefix tokens + the formatted pair's tokens + suffix tokens, the
+    logits of "no" and "yes" at the last position, softmax -> P(yes)."""
+    pair = f"<Instruct>: {instruction or JUDGE_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+    ids = [
+        *tokenizer.encode(JUDGE_PREFIX, add_special_tokens=False).ids,
+        *tokenizer.encode(pair).ids,
+        *tokenizer.encode(JUDGE_SUFFIX, add_special_tokens=False).ids,
+    ]
+    input_ids = torch.tensor([ids])
+    with torch.inference_mode():
+        last = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0, -1]
+    no, yes = tokenizer.token_to_id("no"), tokenizer.token_to_id("yes")
+    return torch.log_softmax(last[[no, yes]], dim=-1).exp()[1].item()
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One model family as served: how to write its checkpoint, and what transformers gives for it."""
+
+    id: str  # the test id, and the name the server serves it as
+    shaped_like: str  # the hub model whose layout the checkpoint copies
+    build: Callable[[Path], nn.Module]  # writes the folder; returns the reference model on its weights
+    # embedders: token ids -> the sentence-transformers vector; cross-encoders: pair ids -> the logit
+    reference: Callable[[nn.Module, Sequence[int]], np.ndarray | float] | None = None
+    # the reference without what sets the family apart (RoBERTa positions, pplx-embed's bidirectional
+    # attention, ModernBERT's sliding window): served outputs must differ from it, so that the
+    # checkpoint and texts exercise that feature
+    ablated: Callable[[Path], nn.Module] | None = None
+    normalized: bool = True
+    matryoshka: bool = False
+    min_tokens: int = 0  # every test text is longer than this (a ModernBERT sliding window)
+
+    def server_args(self, folder: Path) -> tuple[str, ...]:
+        return ("--model", str(folder), "--served-model-name", self.id, *CPU_FLOAT32)
+
+
+BGE_M3 = Family(
+    "tiny-bge-m3", "BAAI/bge-m3", build_bge_m3, cls_vector, ablated=xlm_roberta_positions_from_zero
+)
+QWEN3_EMBEDDING = Family(
+    "tiny-qwen3-embedding",
+    "Qwen/Qwen3-Embedding-0.6B",
+    build_qwen3_embedding,
+    last_token_vector,
+    matryoshka=True,
+)
+PPLX_EMBED = Family(
+    "tiny-pplx-embed",
+    "perplexity-ai/pplx-embed-v1",
+    build_pplx_embed,
+    mean_vector,
+    ablated=causal_pplx_embed,
+    normalized=False,
+)
+BGE_RERANKER = Family(
+    "tiny-bge-reranker-v2-m3",
+    "BAAI/bge-reranker-v2-m3",
+    build_bge_reranker,
+    classifier_logit,
+    ablated=xlm_roberta_positions_from_zero,
+)
+# a judge, not a cross-encoder: its reference is judge_probability, which lays out its own prompt
+QWEN3_RERANKER = Family("tiny-qwen3-reranker", "Qwen/Qwen3-Reranker-0.6B", build_qwen3_reranker)
+
+# ModernBERT: texts are longer than its sliding window, so the local layers' window matters
+GTE_MODERNBERT = Family(
+    "tiny-gte-modernbert",
+    "Alibaba-NLP/gte-modernbert-base",
+    build_gte_modernbert,
+    cls_vector,
+    ablated=modernbert_without_sliding_window,
+    min_tokens=MODERNBERT_LOCAL_ATTENTION,
+)
+GTE_RERANKER_MODERNBERT = Family(
+    "tiny-gte-reranker-modernbert",
+    "Alibaba-NLP/gte-reranker-modernbert-base",
+    build_gte_reranker_modernbert,
+    classifier_logit,
+    ablated=modernbert_without_sliding_window,
+    min_tokens=MODERNBERT_LOCAL_ATTENTION,
+)
+
+# the families every generic test runs over; add a family's entry here to have it checked end to end
+EMBEDDERS = [BGE_M3, QWEN3_EMBEDDING, PPLX_EMBED, GTE_MODERNBERT]
+CROSS_ENCODERS = [BGE_RERANKER, GTE_RERANKER_MODERNBERT]

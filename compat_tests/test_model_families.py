@@ -1,0 +1,340 @@
+"""Each model family served end to end from a tiny random checkpoint (`posy serve --model <folder>`), and
+what the official SDKs get back checked against transformers on the same weights, fp32 on the CPU:
+"same vector" is cosine >= 0.9999 (SAME_VECTOR), scores agree within 1e-4 absolute."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cohere
+import httpx
+import numpy as np
+import openai
+import pytest
+from tokenizers import Tokenizer
+from torch import nn
+
+from .conftest import REPO_ROOT, ServerFactory, free_port, server_env
+from .contract import SAME_VECTOR, cosine
+from .families import (
+    CROSS_ENCODERS,
+    EMBEDDERS,
+    HIDDEN,
+    JUDGE_INSTRUCTION,
+    MAX_POSITIONS,
+    QWEN3_EMBEDDING,
+    QWEN3_EMBEDDING_PROMPTS,
+    QWEN3_RERANKER,
+    Family,
+    build_gpt2,
+    judge_probability,
+)
+
+SCORE_TOLERANCE = 1e-4
+TEXTS = [
+    "What is the capital of France?",
+    "Emperor penguins raise their chicks on the Antarctic sea ice through the long dark winter.",
+    "Someone plays an old guitar by the river at night.",  # words the tokenizers were not trained on
+]
+QUERY = "What is the capital of France?"
+DOCUMENTS = [
+    "Bananas are a yellow fruit rich in potassium.",
+    "Paris is the capital and largest city of France.",
+    "The Eiffel Tower was finished in 1889.",
+    "The train to Berlin leaves from platform nine.",
+]
+CUSTOM_INSTRUCTION = "Given a product question, find the customer review that answers it"
+UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True)
+class Served:
+    family: Family
+    folder: Path
+    url: str
+    reference: nn.Module  # transformers, on the weights the server loaded
+    tokenizer: Tokenizer  # the checkpoint's tokenizer.json, as transformers' fast tokenizer runs it
+
+    def ids(self, text: str, pair: str | None = None) -> list[int]:
+        return self.tokenizer.encode(text, pair).ids
+
+    def vector(self, text: str, reference: nn.Module | None = None) -> np.ndarray:
+        vector = self.family.reference(reference or self.reference, self.ids(text))
+        return np.asarray(vector, dtype=np.float32)
+
+
+@pytest.fixture(scope="session")
+def serve(
+    server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[Family], Served]:
+    """One checkpoint and one live server per family, kept for the session."""
+    served: dict[str, Served] = {}
+
+    def serve(family: Family) -> Served:
+        if family.id not in served:
+            folder = tmp_path_factory.mktemp(family.id)
+            reference = family.build(folder)
+            server = server_factory(*family.server_args(folder))
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            served[family.id] = Served(family, folder, server.url, reference, tokenizer)
+        return served[family.id]
+
+    return serve
+
+
+@pytest.fixture(scope="session")
+def qwen3_embedding(serve) -> Served:
+    return serve(QWEN3_EMBEDDING)
+
+
+@pytest.fixture(scope="session")
+def qwen3_reranker(serve) -> Served:
+    return serve(QWEN3_RERANKER)
+
+
+def openai_client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=60.0)
+
+
+def cohere_rerank(served: Served, version: str, **kwargs):
+    client_class = cohere.Client if version == "v1" else cohere.ClientV2
+    with client_class(base_url=served.url, api_key="x", max_retries=0, timeout=60.0) as client:
+        return client.rerank(model=served.family.id, **kwargs)
+
+
+def post(served: Served, path: str, body: dict) -> httpx.Response:
+    with httpx.Client(base_url=served.url, timeout=60.0, trust_env=False) as client:
+        return client.post(path, json=body)
+
+
+def vectors(response) -> np.ndarray:
+    return np.array([item.embedding for item in response.data], dtype=np.float32)
+
+
+def sigmoid(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+def assert_ranked_as(ranked: Sequence[tuple[int, float]], expected: Sequence[float]) -> None:
+    """(index, score) in the served order: every document once, each score the expected one, and
+    the documents in descending order of the expected scores."""
+    assert sorted(index for index, _ in ranked) == list(range(len(expected)))
+    for index, score in ranked:
+        assert score == pytest.approx(expected[index], abs=SCORE_TOLERANCE), (index, score, expected)
+    assert [index for index, _ in ranked] == np.argsort(-np.asarray(expected), kind="stable").tolist()
+
+
+def cohere_ranked(response) -> list[tuple[int, float]]:
+    return [(result.index, result.relevance_score) for result in response.results]
+
+
+def family_ids(families: Sequence[Family]) -> list:
+    return [pytest.param(family, id=family.id) for family in families]
+
+
+# every family: embedders to /v1/embeddings, cross-encoders to /v1/rerank and /v2/rerank
+
+
+@pytest.mark.parametrize("encoding_format", ["sdk-default-base64", "float"])
+@pytest.mark.parametrize("family", family_ids(EMBEDDERS))
+def test_embeddings_equal_the_reference(serve, family, encoding_format):
+    served = serve(family)
+    options = {} if encoding_format == "sdk-default-base64" else {"encoding_format": "float"}
+    with openai_client(served) as client:
+        response = client.embeddings.create(model=family.id, input=TEXTS, **options)
+    assert response.model == family.id
+    assert [item.index for item in response.data] == list(range(len(TEXTS)))
+    token_ids = [served.ids(text) for text in TEXTS]
+    assert min(map(len, token_ids)) > family.min_tokens
+    assert response.usage.prompt_tokens == sum(map(len, token_ids))
+    for text, ours in zip(TEXTS, vectors(response)):
+        expected = served.vector(text)
+        assert ours.shape == (HIDDEN,)
+        assert cosine(ours, expected) >= SAME_VECTOR, text
+        assert np.linalg.norm(ours) == pytest.approx(np.linalg.norm(expected), rel=1e-4)
+        if family.normalized:
+            assert np.linalg.norm(ours) == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("family", family_ids(CROSS_ENCODERS))
+def test_cross_encoder_scores_are_the_sigmoid_of_the_reference_logit(serve, family, version):
+    served = serve(family)
+    response = cohere_rerank(served, version, query=QUERY, documents=DOCUMENTS)
+    pairs = [served.ids(QUERY, document) for document in DOCUMENTS]
+    assert min(map(len, pairs)) > family.min_tokens
+    expected = [sigmoid(family.reference(served.reference, ids)) for ids in pairs]
+    assert_ranked_as(cohere_ranked(response), expected)
+
+
+@pytest.mark.parametrize("family", family_ids([family for family in EMBEDDERS if family.ablated]))
+def test_embeddings_differ_from_the_ablated_reference(serve, family):
+    served = serve(family)
+    ablated = family.ablated(served.folder)
+    with openai_client(served) as client:
+        response = client.embeddings.create(model=family.id, input=TEXTS, encoding_format="float")
+    for text, ours in zip(TEXTS, vectors(response)):
+        assert cosine(ours, served.vector(text, ablated)) < 0.999, text
+
+
+@pytest.mark.parametrize("family", family_ids([family for family in CROSS_ENCODERS if family.ablated]))
+def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
+    served = serve(family)
+    ablated = family.ablated(served.folder)
+    response = cohere_rerank(served, "v2", query=QUERY, documents=DOCUMENTS)
+    for index, score in cohere_ranked(response):
+        logit = family.reference(ablated, served.ids(QUERY, DOCUMENTS[index]))
+        assert abs(score - sigmoid(logit)) > 10 * SCORE_TOLERANCE, index
+
+
+@pytest.mark.parametrize(
+    "family, tasks, matryoshka",
+    [
+        *[pytest.param(family, ["embed", "rerank"], family.matryoshka, id=family.id) for family in EMBEDDERS],
+        *[
+            pytest.param(family, ["rerank"], None, id=family.id)
+            for family in [*CROSS_ENCODERS, QWEN3_RERANKER]
+        ],
+    ],
+)
+def test_models_list_describes_the_family(serve, family, tasks, matryoshka):
+    served = serve(family)
+    with httpx.Client(timeout=60.0, trust_env=False) as client:
+        response = client.get(f"{served.url}/v1/models")
+    assert response.status_code == 200, response.text
+    [model] = response.json()["data"]
+    assert (model["id"], model["tasks"], model["matryoshka"]) == (family.id, tasks, matryoshka)
+    assert model["dimensions"] == (HIDDEN if "embed" in tasks else None)
+    assert model["max_model_len"] == MAX_POSITIONS
+
+
+# Qwen3-Embedding: its tokenizer's <|endoftext|>, its prompts, Matryoshka dimensions, rerank by cosine
+
+
+def test_qwen3_embedding_without_input_type_is_the_text_and_endoftext(qwen3_embedding):
+    eos = qwen3_embedding.tokenizer.token_to_id("<|endoftext|>")
+    assert all(qwen3_embedding.ids(text)[-1] == eos for text in TEXTS)
+    with openai_client(qwen3_embedding) as client:
+        response = client.embeddings.create(model=QWEN3_EMBEDDING.id, input=TEXTS, encoding_format="float")
+    for text, ours in zip(TEXTS, vectors(response)):
+        assert cosine(ours, qwen3_embedding.vector(text)) >= SAME_VECTOR, text
+
+
+@pytest.mark.parametrize(
+    "field, prompt_name",
+    [("input_type", "query"), ("input_type", "document"), ("prompt_name", "query")],
+)
+def test_qwen3_embedding_prepends_the_prompt_the_request_names(qwen3_embedding, field, prompt_name):
+    prompt = QWEN3_EMBEDDING_PROMPTS[prompt_name]
+    with openai_client(qwen3_embedding) as client:
+        response = client.embeddings.create(
+            model=QWEN3_EMBEDDING.id, input=TEXTS, encoding_format="float", extra_body={field: prompt_name}
+        )
+    assert response.usage.prompt_tokens == sum(len(qwen3_embedding.ids(prompt + text)) for text in TEXTS)
+    for text, ours in zip(TEXTS, vectors(response)):
+        assert cosine(ours, qwen3_embedding.vector(prompt + text)) >= SAME_VECTOR, text
+        if prompt:  # the prompt changes the vector
+            assert cosine(ours, qwen3_embedding.vector(text)) < 0.999, text
+
+
+def test_qwen3_embedding_dimensions_keep_the_first_values_renormalized(qwen3_embedding):
+    with openai_client(qwen3_embedding) as client:
+        full = vectors(
+            client.embeddings.create(model=QWEN3_EMBEDDING.id, input=TEXTS, encoding_format="float")
+        )
+        short = vectors(client.embeddings.create(model=QWEN3_EMBEDDING.id, input=TEXTS, dimensions=16))
+    assert short.shape == (len(TEXTS), 16)
+    np.testing.assert_allclose(np.linalg.norm(short, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(
+        short, full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True), atol=1e-5
+    )
+    for text, ours in zip(TEXTS, short):
+        assert cosine(ours, qwen3_embedding.vector(text)[:16]) >= SAME_VECTOR, text
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_qwen3_embedding_reranks_by_cosine_of_its_prompted_vectors(qwen3_embedding, version):
+    response = cohere_rerank(qwen3_embedding, version, query=QUERY, documents=DOCUMENTS)
+    query = qwen3_embedding.vector(QWEN3_EMBEDDING_PROMPTS["query"] + QUERY)
+    expected = [
+        (1.0 + cosine(query, qwen3_embedding.vector(QWEN3_EMBEDDING_PROMPTS["document"] + document))) / 2.0
+        for document in DOCUMENTS
+    ]
+    assert_ranked_as(cohere_ranked(response), expected)
+
+
+# Qwen3-Reranker: a causal LM without sentence-transformers files is the yes/no judge
+
+
+def judge_expected(served: Served, instruction: str | None = None) -> list[float]:
+    return [
+        judge_probability(served.reference, served.tokenizer, QUERY, document, instruction)
+        for document in DOCUMENTS
+    ]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_qwen3_reranker_scores_are_the_model_cards_p_yes(qwen3_reranker, version):
+    response = cohere_rerank(qwen3_reranker, version, query=QUERY, documents=DOCUMENTS)
+    assert_ranked_as(cohere_ranked(response), judge_expected(qwen3_reranker))
+
+
+def test_qwen3_reranker_tei_rerank_gives_the_same_scores(qwen3_reranker):
+    response = post(qwen3_reranker, "/rerank", {"query": QUERY, "texts": DOCUMENTS})
+    assert response.status_code == 200, response.text
+    ranked = [(item["index"], item["score"]) for item in response.json()]
+    assert_ranked_as(ranked, judge_expected(qwen3_reranker))
+
+
+@pytest.mark.parametrize("route", ["/v1/rerank", "/v2/rerank", "/rerank"])
+def test_qwen3_reranker_follows_the_request_instruction(qwen3_reranker, route):
+    body = {"query": QUERY, "instruction": CUSTOM_INSTRUCTION}
+    if route == "/rerank":
+        response = post(qwen3_reranker, route, {**body, "texts": DOCUMENTS})
+        assert response.status_code == 200, response.text
+        ranked = [(item["index"], item["score"]) for item in response.json()]
+    else:
+        response = post(qwen3_reranker, route, {**body, "model": QWEN3_RERANKER.id, "documents": DOCUMENTS})
+        assert response.status_code == 200, response.text
+        ranked = [(item["index"], item["relevance_score"]) for item in response.json()["results"]]
+    expected = judge_expected(qwen3_reranker, CUSTOM_INSTRUCTION)
+    assert_ranked_as(ranked, expected)
+    # and the instruction matters: the default one gives other scores
+    default = judge_expected(qwen3_reranker, JUDGE_INSTRUCTION)
+    assert max(abs(a - b) for a, b in zip(expected, default)) > 10 * SCORE_TOLERANCE
+
+
+def test_qwen3_reranker_does_not_embed(qwen3_reranker):
+    with openai_client(qwen3_reranker) as client, pytest.raises(openai.BadRequestError, match="cannot embed"):
+        client.embeddings.create(model=QWEN3_RERANKER.id, input=TEXTS[0])
+
+
+# an architecture posy does not run
+
+
+def test_unsupported_architecture_exits_naming_it(tmp_path):
+    build_gpt2(tmp_path)
+    command = [sys.executable, "-m", "api", "serve", "--port", str(free_port()), "--model", str(tmp_path)]
+    try:
+        finished = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=server_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=UNSUPPORTED_EXIT_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"`posy serve` of a GPT2Model checkpoint still ran after {UNSUPPORTED_EXIT_TIMEOUT_S:.0f} s"
+        )
+    output = finished.stdout + finished.stderr
+    assert finished.returncode != 0, output
+    assert "GPT2Model" in output and "not supported" in output, output
+    assert "Traceback" not in output, output
