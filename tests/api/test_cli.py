@@ -126,3 +126,26 @@ def test_a_batch_budget_below_the_model_window_fails_at_start_up():
 
     with pytest.raises(ValueError, match="max_batch_tokens"):
         Server(parse(["serve", "--max-batch-tokens", "100"])).resolve()
+
+
+def test_max_model_len_caps_the_window_and_batch_tokens_grow_to_the_window(tmp_path):
+    from api.server import Server
+
+    capped = Server(parse(["serve", "--max-model-len", "128", "--device", "cpu"]))
+    assert capped.resolve()[0].max_seq_length == 128
+    # a model window above the CPU default of 4096 batch tokens raises the default instead of failing
+    server = Server(parse(["serve", "--device", "cpu"]))
+    assert server.engine_config(8192).max_batch_tokens == 8192
+    assert server.engine_config(256).max_batch_tokens == 4096
+    with pytest.raises(ValueError, match="max-model-len"):
+        Server(parse(["serve", "--max-model-len", "0"])).resolve()
+
+
+def test_bidirectional_reaches_the_model_spec(tmp_path):
+    from api.server import Server
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="lasttoken")
+    assert not Server(parse(["serve", "--model", str(tmp_path)])).resolve()[0].bidirectional
+    spec = Server(parse(["serve", "--model", str(tmp_path), "--bidirectional"])).resolve()[0]
+    assert spec.bidirectional and spec.pooling == "last"  # sentence-transformers' pooling still rules

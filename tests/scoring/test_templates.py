@@ -1,6 +1,7 @@
-"""Templates read off a tokenizer rebuild exactly what the tokenizer itself makes."""
+"""Templates read off a tokenizer rebuild exactly what the tokenizer itself makes; the Qwen3 judge
+prompt tokenized in two parts gives the ids of its model card's one string."""
 
-from scoring.templates import PairTemplate, SingleTemplate
+from scoring.templates import QWEN3_JUDGE, PairTemplate, SingleTemplate
 
 TEXTS = ["what is a cat?", "Cats are small felines, häufig gehalten 猫 🐱."]
 
@@ -24,3 +25,51 @@ def test_pair_template_matches_the_tokenizer_ids_and_types(minilm_tokenizer):
     assert ids == expected.ids
     assert type_ids == expected.type_ids
     assert template.num_special_tokens == 3
+
+
+def byte_level_bpe():
+    """A small byte-level BPE with Qwen's pre-tokenizer split and its chat specials."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    qwen_split = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(qwen_split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = [*TEXTS, "yes no <Document>: <Query>: <Instruct>: Judge whether the Document meets"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+def test_judge_prompt_tokenizes_as_the_one_string_of_its_model_card():
+    # Qwen3-Reranker's card tokenizes prefix + "<Instruct>: ...\n<Query>: ...\n<Document>: {doc}" + suffix;
+    # posy tokenizes the query part and each document apart, and must get the same ids
+    tokenizer = byte_level_bpe()
+    template = QWEN3_JUDGE.pair_template(tokenizer)
+    query = "what is a cat?"
+    for document in [*TEXTS, "", "x", "  two spaces", "\nnew line", "42 cats", "'s quoted", "猫"]:
+        for instruction in (None, "Find feline facts"):
+            ids, types = template.apply(
+                tokenizer.encode(QWEN3_JUDGE.query_text(query, instruction), add_special_tokens=False).ids,
+                tokenizer.encode(QWEN3_JUDGE.document_text(document), add_special_tokens=False).ids,
+            )
+            text = (
+                f"<Instruct>: {instruction or QWEN3_JUDGE.default_instruction}\n<Query>: {query}\n"
+                f"<Document>: {document}"
+            )
+            prefix = tokenizer.encode(QWEN3_JUDGE.prefix, add_special_tokens=False).ids
+            suffix = tokenizer.encode(QWEN3_JUDGE.suffix, add_special_tokens=False).ids
+            assert ids == prefix + tokenizer.encode(text, add_special_tokens=False).ids + suffix, document
+            assert set(types) == {0}
