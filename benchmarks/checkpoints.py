@@ -1,0 +1,123 @@
+"""Random-weight model folders for the suites: real-size shapes (MiniLM, BERT-base, Qwen3-0.6B) or tiny
+smoke ones, each with a word-level tokenizer on which a text of n words is n tokens, so that the suites
+control token counts exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BERT_SHAPES = {
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "smoke": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
+}  # fmt: skip
+QWEN3_SHAPES = {
+    "qwen3-0.6b": {
+        "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 3072,
+    },
+    "smoke": {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 96,
+    },
+}  # fmt: skip
+NUM_WORDS = 8000  # the tokenizer's words w0..w7999; the configs keep their real vocabulary sizes
+BERT_VOCAB_SIZE = 30522
+QWEN3_VOCAB_SIZE = 151669
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "no", "yes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    folder: Path
+    kind: str  # "embedder" | "cross-encoder" | "judge"
+    family: str  # "bert" | "qwen3"
+    shape: str
+    reference: Any  # the transformers model on the CPU, in float32
+
+
+def words(num_words: int, rng: random.Random) -> str:
+    """A text of exactly `num_words` tokens (before special tokens) for these tokenizers."""
+    return " ".join(f"w{rng.randrange(NUM_WORDS)}" for _ in range(num_words))
+
+
+def word_tokenizer(specials: list[str], single: str | None = None, pair: str | None = None):
+    """Specials first, then the words; `single` / `pair`: a post-processor template of specials."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    vocab = {token: index for index, token in enumerate(specials)}
+    vocab.update({f"w{index}": len(specials) + index for index in range(NUM_WORDS)})
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token=specials[1] if specials[0] == "[PAD]" else specials[0]))
+    tokenizer.pre_tokenizer = Whitespace()
+    for token in specials:  # so "<|im_start|>" in a prompt is one token, not split by the pre-tokenizer
+        tokenizer.add_special_tokens([token])
+    if single is not None:
+        used = set(single.split()) | set((pair or "").split())
+        tokens = [(token, vocab[token]) for token in specials if token in used or f"{token}:1" in used]
+        tokenizer.post_processor = TemplateProcessing(single=single, pair=pair, special_tokens=tokens)
+    return tokenizer
+
+
+def write_sentence_transformers(folder: Path, pooling_mode: str) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": pooling_mode}))
+
+
+def save_bert(folder: Path, shape: str, kind: str = "embedder", num_labels: int = 1) -> Checkpoint:
+    """A BERT embedder (mean pooling, normalized, like bge / MiniLM) or a one-logit cross-encoder."""
+    import torch
+    import transformers
+
+    architecture = "BertModel" if kind == "embedder" else "BertForSequenceClassification"
+    config = transformers.BertConfig(
+        vocab_size=BERT_VOCAB_SIZE if shape != "smoke" else NUM_WORDS + len(BERT_SPECIALS),
+        max_position_embeddings=512, num_labels=num_labels, architectures=[architecture], **BERT_SHAPES[shape],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    model.save_pretrained(folder)
+    tokenizer = word_tokenizer(BERT_SPECIALS, "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if kind == "embedder":
+        write_sentence_transformers(folder, "mean")
+    return Checkpoint(folder, kind, "bert", shape, model)
+
+
+def save_qwen3(folder: Path, shape: str, kind: str = "embedder") -> Checkpoint:
+    """Qwen3-Embedding (causal, last token after <|endoftext|>, normalized) or Qwen3-Reranker (the
+    yes/no judge: a causal LM with tied embeddings, no sentence-transformers files)."""
+    import torch
+    import transformers
+
+    architecture = "Qwen3Model" if kind == "embedder" else "Qwen3ForCausalLM"
+    config = transformers.Qwen3Config(
+        vocab_size=QWEN3_VOCAB_SIZE if shape != "smoke" else NUM_WORDS + len(QWEN3_SPECIALS),
+        max_position_embeddings=32768, tie_word_embeddings=True, architectures=[architecture],
+        **QWEN3_SHAPES[shape],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    model.save_pretrained(folder)
+    # Qwen3-Embedding's tokenizer appends <|endoftext|>; Qwen3-Reranker's adds nothing
+    if kind == "embedder":
+        tokenizer = word_tokenizer(QWEN3_SPECIALS, "$A <|endoftext|>", "$A <|endoftext|> $B <|endoftext|>")
+    else:
+        tokenizer = word_tokenizer(QWEN3_SPECIALS)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if kind == "embedder":
+        write_sentence_transformers(folder, "lasttoken")
+    return Checkpoint(folder, kind, "qwen3", shape, model)

@@ -1,0 +1,69 @@
+"""serve(): a real `python -m api serve` process on a free loopback port for the HTTP suites, stopped
+(SIGTERM, then kill) when the block ends; its log is printed if it fails to become ready."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 300.0  # loading and warming up a real-size model on a fresh machine compiles kernels
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def serve(model: Path, *flags: str) -> Iterator[str]:
+    """The base URL of a ready server for `model` started with `flags` (device, dtype, ...)."""
+    import httpx
+
+    port = free_port()
+    command = [sys.executable, "-m", "api", "serve", "--model", str(model), "--port", str(port), *flags]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("POSY_")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", POSY_LOG_LEVEL="warning")
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            with httpx.Client(timeout=2.0, trust_env=False) as client:
+                while not _ready(client, url):
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        output = log.read().decode(errors="replace")[-6000:]
+                        raise ServerFailed(f"`{' '.join(command)}` did not become ready:\n{output}")
+                    time.sleep(0.25)
+            yield url
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def _ready(client, url: str) -> bool:
+    import httpx
+
+    try:
+        return client.get(f"{url}/ready").status_code == 200
+    except httpx.TransportError:
+        return False
