@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# hidden size, layers, heads, intermediate size
+BERT_SIZES = {"minilm": (384, 6, 12, 1536), "bert-base": (768, 12, 12, 3072), "smoke": (64, 2, 4, 128)}
 BERT_SHAPES = {
-    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
-    "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-    "smoke": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
-}  # fmt: skip
+    name: dict(zip(("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"), sizes))
+    for name, sizes in BERT_SIZES.items()
+}
 QWEN3_SHAPES = {
     "qwen3-0.6b": {
         "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
@@ -85,7 +86,8 @@ def save_bert(folder: Path, shape: str, kind: str = "embedder", num_labels: int 
     architecture = "BertModel" if kind == "embedder" else "BertForSequenceClassification"
     config = transformers.BertConfig(
         vocab_size=BERT_VOCAB_SIZE if shape != "smoke" else NUM_WORDS + len(BERT_SPECIALS),
-        max_position_embeddings=512, num_labels=num_labels, architectures=[architecture], **BERT_SHAPES[shape],
+        max_position_embeddings=512, num_labels=num_labels, architectures=[architecture],
+        **BERT_SHAPES[shape],
     )  # fmt: skip
     torch.manual_seed(0)
     model = getattr(transformers, architecture)(config).eval()
