@@ -1,10 +1,12 @@
-"""`python -m benchmarks SUITE [--rounds N]` runs and records a suite; `... render` re-renders."""
+"""`python -m benchmarks SUITE [--rounds N]` runs and records a suite; `... all` runs the four serving
+suites (latency, scoring, throughput, concurrency) one after another; `... render` re-renders."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import time
 
 from benchmarks.records import SuiteOutcome, append_records
 from benchmarks.render import render
@@ -14,13 +16,19 @@ SUITES: dict[str, str] = {
     "cpu": "benchmarks.cpu",
     "engine": "benchmarks.engine",
     "qwen3": "benchmarks.qwen3",
+    "latency": "benchmarks.latency",
+    "scoring": "benchmarks.scoring",
+    "throughput": "benchmarks.throughput",
+    "concurrency": "benchmarks.concurrency",
 }
+# the issue's four serving suites, in the order `all` runs them
+SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument(
-        "suite", choices=[*SUITES, "render"], help="a suite to run, or render to only re-render"
+        "suite", choices=[*SUITES, "all", "render"], help="a suite, all four serving suites, or render"
     )
     parser.add_argument(
         "--rounds", type=int, default=5, help="timed rounds per side after one warm-up (median)"
@@ -28,7 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
     parser.add_argument("--backend", default="auto", help="attention backend of the GPU suites")
     parser.add_argument(
-        "--smoke", action="store_true", help="qwen3: a tiny shape on the CPU in seconds (code check only)"
+        "--smoke",
+        action="store_true",
+        help="tiny shapes on the CPU in seconds: checks the code, measures nothing",
     )
     return parser.parse_args(argv)
 
@@ -41,13 +51,27 @@ def main(argv: list[str] | None = None) -> int:
     if options.rounds < 1:
         print("--rounds must be at least 1", file=sys.stderr)
         return 2
-    outcome: SuiteOutcome = importlib.import_module(SUITES[options.suite]).run(options)
+    if options.smoke:  # a code check: its figures are not measurements
+        options.no_record = True
+    suites = SERVING_SUITES if options.suite == "all" else (options.suite,)
+    failures = []
+    started = time.perf_counter()
+    for suite in suites:
+        suite_started = time.perf_counter()
+        outcome: SuiteOutcome = importlib.import_module(SUITES[suite]).run(
+            argparse.Namespace(**{**vars(options), "suite": suite})
+        )
+        print(f"{suite}: {time.perf_counter() - suite_started:.0f} s")
+        if not options.no_record:
+            print(f"appended {len(outcome.records)} records to {append_records(suite, outcome.records)}")
+        failures += [f"{suite}: {failure}" for failure in outcome.failures]
+    if len(suites) > 1:
+        print(f"all: {time.perf_counter() - started:.0f} s")
     if not options.no_record:
-        print(f"appended {len(outcome.records)} records to {append_records(options.suite, outcome.records)}")
         print(f"rendered {render()}")
-    for failure in outcome.failures:
+    for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
-    return 1 if outcome.failures else 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -13,69 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.baseline import Baseline, min_cosine
+from benchmarks.checkpoints import save_bert
 from benchmarks.kernels import attention_records, gelu_epilogue_records
-from benchmarks.records import RunContext, SuiteOutcome
+from benchmarks.records import RunContext, SuiteOutcome, engine_backend
 
-BERT_BASE = {
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-}
 MODEL = "bert-base-shape (random weights)"
 MIN_COSINE = 0.999  # posy in bf16 against the reference in fp32 ("same vector", DESIGN.md)
 HF_BATCH_SIZE = 32
-
-
-def save_random_bert(folder: Path):
-    """A BertModel with seeded random weights and a word-level tokenizer.json beside it."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(architectures=["BertModel"], **BERT_BASE)
-    model = transformers.BertModel(config, add_pooling_layer=False).eval()
-    model.save_pretrained(folder)
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3}
-    Tokenizer(WordLevel(vocab, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
-    return model
+VOCAB_SIZE = 30522
 
 
 def random_sequences(lengths: list[int], seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    return [[2, *rng.integers(5, BERT_BASE["vocab_size"], n - 2).tolist(), 3] for n in lengths]
-
-
-def hf_embed(model, sequences: list[list[int]], batch_size: int) -> np.ndarray:
-    """HF as people run it: length-sorted padded batches, SDPA, mean pooling, vectors on the host."""
-    import torch
-
-    order = sorted(range(len(sequences)), key=lambda index: len(sequences[index]))
-    rows: dict[int, np.ndarray] = {}
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            width = max(len(sequences[index]) for index in chunk)
-            ids = torch.zeros(len(chunk), width, dtype=torch.int64)
-            mask = torch.zeros(len(chunk), width, dtype=torch.int64)
-            for row, index in enumerate(chunk):
-                ids[row, : len(sequences[index])] = torch.tensor(sequences[index])
-                mask[row, : len(sequences[index])] = 1
-            ids, mask = ids.cuda(non_blocking=True), mask.cuda(non_blocking=True)
-            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-            pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
-            pooled = torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
-            rows.update(zip(chunk, pooled))
-    return np.stack([rows[index] for index in range(len(sequences))])
-
-
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+    return [[2, *rng.integers(5, VOCAB_SIZE, n - 2).tolist(), 3] for n in lengths]
 
 
 def percentile_ms(samples: list[float], q: float) -> float:
@@ -109,10 +60,11 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from engine.config import EngineConfig
     from engine.loader import resolve_model
 
-    folder = Path(tempfile.mkdtemp())
     # one HF module on the GPU: bf16 for the speed baseline, fp32 for the parity reference
-    hf = save_random_bert(folder).to("cuda", torch.bfloat16)
-    spec = resolve_model(str(folder))
+    checkpoint = save_bert(Path(tempfile.mkdtemp()), "bert-base")
+    hf = Baseline(checkpoint, "cuda", torch.bfloat16, batch_size=HF_BATCH_SIZE)
+    hf_single = Baseline(checkpoint, "cuda", torch.bfloat16, batch_size=1)
+    spec = resolve_model(str(checkpoint.folder))
     config = EngineConfig(
         device="cuda", dtype="bfloat16", attention_backend=options.backend, max_batch_tokens=16384,
         max_queue_tokens=64 * 16384, cuda_graphs="lazy",
@@ -122,8 +74,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         spec, config, on_batch=lambda tokens, _: launches.append((time.perf_counter(), tokens))
     )
     runner = engine.runner
-    backend = runner.model.layers[0].attention_backend.name
-    context = RunContext(suite=options.suite, model=MODEL, gpu=torch.cuda.get_device_name(), backend=backend)
+    gpu = torch.cuda.get_device_name()
+    context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=engine_backend(engine))
     loop = asyncio.new_event_loop()
     records = []
 
@@ -150,8 +102,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         for _ in range(3):  # eager, capture, replay
             embed_batch1()
         posy_latency = sync_time(embed_batch1, options.rounds * 100)
-        sync_time(lambda: hf_embed(hf, single, 1), 10)  # HF warm-up (cuBLAS heuristics, allocator)
-        hf_latency = sync_time(lambda: hf_embed(hf, single, 1), options.rounds * 40)
+        sync_time(lambda: hf_single.embed_ids(single), 10)  # HF warm-up (cuBLAS heuristics, allocator)
+        hf_latency = sync_time(lambda: hf_single.embed_ids(single), options.rounds * 40)
         posy_p50, hf_p50 = percentile_ms(posy_latency, 50), percentile_ms(hf_latency, 50)
         records.append(context.record("batch1x128", "latency_p50_ms", posy_p50, "ms", hf_p50))
         records.append(context.record("batch1x128", "latency_p99_ms", percentile_ms(posy_latency, 99), "ms"))
@@ -161,8 +113,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         for _ in range(3):
             posy_vectors = loop.run_until_complete(engine.run(mixed))
         posy_mixed = sync_time(lambda: loop.run_until_complete(engine.run(mixed)), options.rounds * 4)
-        sync_time(lambda: hf_embed(hf, mixed, HF_BATCH_SIZE), 2)
-        hf_mixed = sync_time(lambda: hf_embed(hf, mixed, HF_BATCH_SIZE), options.rounds * 2)
+        sync_time(lambda: hf.embed_ids(mixed), 2)
+        hf_mixed = sync_time(lambda: hf.embed_ids(mixed), options.rounds * 2)
         mixed_tokens = sum(map(len, mixed))
         posy_rate = mixed_tokens / statistics.median(posy_mixed)
         hf_rate = mixed_tokens / statistics.median(hf_mixed)
@@ -172,10 +124,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         )
 
         # parity: posy in bf16 against HF in fp32 on the same weights
-        hf.float()
+        hf.to(torch.float32)
         cosine = min(
-            min_cosine(embed_batch1(), hf_embed(hf, single, 1)),
-            min_cosine(posy_vectors, hf_embed(hf, mixed, HF_BATCH_SIZE)),
+            min_cosine(embed_batch1(), hf.embed_ids(single)), min_cosine(posy_vectors, hf.embed_ids(mixed))
         )
         hf.to(torch.bfloat16)
         records.append(context.record("mixed100", "min_cosine_vs_fp32_reference", cosine, "cosine"))
@@ -191,8 +142,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         loop.run_until_complete(saturate())
         steady = sum(tokens for _, tokens in launches[:-1]) / (launches[-1][0] - launches[0][0])
         records.append(context.record("saturation-50tok", "steady_tokens_per_s", steady, "tokens/s"))
-        sync_time(lambda: hf_embed(hf, requests[0] * 4, 256), 2)
-        hf_saturation = sync_time(lambda: hf_embed(hf, requests[0] * 4, 256), options.rounds)
+        hf_saturated = Baseline(checkpoint, "cuda", torch.bfloat16, batch_size=256)
+        sync_time(lambda: hf_saturated.embed_ids(requests[0] * 4), 2)
+        hf_saturation = sync_time(lambda: hf_saturated.embed_ids(requests[0] * 4), options.rounds)
         hf_rate = 50 * 256 / statistics.median(hf_saturation)
         records.append(context.record("saturation-50tok", "tokens_per_s", rate, "tokens/s", hf_rate))
         with profile(activities=[ProfilerActivity.CUDA]) as trace:

@@ -72,6 +72,15 @@ class SuiteOutcome:
     failures: list[str]  # guard violations; any makes `python -m benchmarks SUITE` exit non-zero
 
 
+def engine_backend(engine) -> str:
+    """The name of the attention backend an engine's model runs, for its records."""
+    for module in engine.runner.model.modules():
+        backend = getattr(module, "attention_backend", None)
+        if backend is not None:
+            return backend.name
+    return "unknown"
+
+
 def torch_version() -> str:
     import torch
 

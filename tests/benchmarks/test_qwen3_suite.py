@@ -15,10 +15,7 @@ def test_smoke_run_records_every_case_and_passes_its_parity_gates():
         ("qwen3-batch1x128", "latency_p50_ms"),
         ("qwen3-mixed100", "real_tokens_per_s"),
         ("qwen3-mixed100", "min_cosine_vs_fp32_reference"),
-        ("qwen3-judge-50x512", "latency_p50_ms"),
-        ("qwen3-judge-50x512", "max_score_error"),
     }
     by_metric = {record.metric: record for record in outcome.records}
     assert by_metric["min_cosine_vs_fp32_reference"].value >= 0.9999  # fp32 on both sides here
-    assert by_metric["max_score_error"].value <= 1e-4
     assert all(record.gpu is None for record in outcome.records)

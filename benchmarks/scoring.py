@@ -1,0 +1,129 @@
+"""Suite 2, low-latency scoring: one query with 5, 25 and 50 documents, each (query, document) pair 512
+tokens after templating, through the rerank path (templates, chunking, one engine request, scores on the
+host) with a BERT-base-shaped cross-encoder and a Qwen3-Reranker-0.6B-shaped judge, against HF
+transformers on the same weights and the same token ids. `--smoke`: tiny shapes on the CPU, seconds."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.baseline import Baseline
+from benchmarks.checkpoints import save_bert, save_qwen3, words
+from benchmarks.records import RunContext, SuiteOutcome, engine_backend
+
+MODEL = "bert-base cross-encoder / qwen3-reranker-0.6b shapes (random weights)"
+NUM_DOCUMENTS = (5, 25, 50)
+PAIR_TOKENS = 512
+SMOKE_PAIR_TOKENS = 128  # the judge's prompt alone takes about 80
+QUERY_WORDS = 12
+MAX_SCORE_ERROR = 1e-2  # posy in bf16 against the baseline in fp32
+
+
+def rerank_model(engine, folder: Path, kind: str, window: int):
+    """The RerankModel the server would build for this checkpoint (api/models.py), on this engine."""
+    from tokenizers import Tokenizer
+
+    from scoring.rerank import RerankModel
+    from scoring.templates import QWEN3_JUDGE, PairTemplate, SingleTemplate, TextPrompts
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    judge = kind == "judge"
+    pair = QWEN3_JUDGE.pair_template(tokenizer) if judge else PairTemplate.from_tokenizer(tokenizer)
+    return tokenizer, RerankModel(
+        engine=engine, window=window, single=SingleTemplate.from_tokenizer(tokenizer), pair=pair,
+        cross_encoder=True, prompts=QWEN3_JUDGE if judge else TextPrompts(),
+    )  # fmt: skip
+
+
+def run(options: argparse.Namespace) -> SuiteOutcome:
+    import torch
+
+    from engine.build import build_engine
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+    from scoring.rerank import RerankOptions, rerank_scores
+
+    smoke = getattr(options, "smoke", False)
+    device = "cpu" if smoke else "cuda"
+    dtype, dtype_name = (torch.float32, "float32") if smoke else (torch.bfloat16, "bfloat16")
+    repeats = 5 if smoke else 20 * options.rounds
+    pair_tokens = SMOKE_PAIR_TOKENS if smoke else PAIR_TOKENS
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
+    loop = asyncio.new_event_loop()
+    rng = random.Random(2)
+    records, failures = [], []
+
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def measure(case, model, tokenizer, baseline, query_ids, documents, context) -> None:
+        texts = [model.prompts.document_text(document) for document in documents]
+        docs_ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+        pairs = [model.pair.apply(query_ids, ids) for ids in docs_ids]
+        assert {len(ids) for ids, _ in pairs} == {pair_tokens}, "pairs of the wrong length"
+        ids, types = [ids for ids, _ in pairs], [types for _, types in pairs]
+
+        def score() -> np.ndarray:
+            return loop.run_until_complete(rerank_scores(model, query_ids, docs_ids, RerankOptions()))
+
+        for _ in range(3):  # eager, capture, replay
+            scores = score()
+        posy = _timed(score, repeats, synchronize)
+        _timed(lambda: baseline.score_ids(ids, types), 2, synchronize)
+        hf = _timed(lambda: baseline.score_ids(ids, types), max(3, repeats // 4), synchronize)
+        error = float(np.abs(scores - baseline.to(torch.float32).score_ids(ids, types)).max())
+        baseline.to(dtype)
+        posy_p50, hf_p50 = 1000 * float(np.median(posy)), 1000 * float(np.median(hf))
+        records.append(context.record(case, "latency_p50_ms", posy_p50, "ms", hf_p50))
+        records.append(context.record(case, "latency_p99_ms", 1000 * float(np.percentile(posy, 99)), "ms"))
+        records.append(context.record(case, "max_score_error_vs_fp32", error, "probability"))
+        print(f"{case}: posy p50 {posy_p50:.2f} ms, HF {hf_p50:.2f} ms, max score error {error:.5f}")
+        if error > MAX_SCORE_ERROR:
+            failures.append(f"{case}: score error {error:.4f} > {MAX_SCORE_ERROR}")
+
+    models = [
+        ("cross-encoder", save_bert, "smoke" if smoke else "bert-base", "bert-base-cross-encoder"),
+        ("judge", save_qwen3, "smoke" if smoke else "qwen3-0.6b", "qwen3-reranker-0.6b"),
+    ]
+    for kind, save, shape, name in models:
+        checkpoint = save(Path(tempfile.mkdtemp()), shape, kind)
+        spec = resolve_model(str(checkpoint.folder))
+        config = EngineConfig(
+            device=device, dtype=dtype_name, attention_backend=options.backend, max_batch_tokens=32768,
+            max_queue_tokens=64 * 32768, cuda_graphs="off" if smoke else "lazy",
+        )  # fmt: skip
+        engine = build_engine(spec, config)
+        context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=engine_backend(engine))
+        tokenizer, model = rerank_model(engine, checkpoint.folder, kind, spec.max_seq_length)
+        baseline = Baseline(checkpoint, device, dtype)
+        query_text = model.prompts.query_text(words(QUERY_WORDS, rng))
+        query_ids = tokenizer.encode(query_text, add_special_tokens=False).ids
+        document_tokens = pair_tokens - len(query_ids) - model.pair.num_special_tokens
+        try:
+            for num_documents in NUM_DOCUMENTS:
+                documents = [words(document_tokens, rng) for _ in range(num_documents)]
+                case = f"{name}-{num_documents}x{pair_tokens}"
+                measure(case, model, tokenizer, baseline, query_ids, documents, context)
+        finally:
+            engine.stop()
+    loop.close()
+    return SuiteOutcome(records, failures)
+
+
+def _timed(function, count: int, synchronize) -> list[float]:
+    samples = []
+    for _ in range(count):
+        synchronize()
+        start = time.perf_counter()
+        function()
+        synchronize()
+        samples.append(time.perf_counter() - start)
+    return samples
