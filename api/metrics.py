@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -40,6 +40,13 @@ class Metrics:
             "sequences per engine batch",
             ["model"],
             buckets=SEQUENCE_BUCKETS,
+            registry=self.registry,
+        )
+
+        self.model_info = Info(
+            "posy_model",
+            "how each served model runs: architecture, task, device, dtype, attention backend, CUDA graphs",
+            ["model"],
             registry=self.registry,
         )
 

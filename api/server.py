@@ -66,6 +66,16 @@ class Server:
             names = self._names(index, spec)
             engine = build_engine(spec, engine_config, self.metrics.batch_observer(names[0]))
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
+            self.metrics.model_info.labels(model=names[0]).info(
+                {
+                    "architecture": spec.architecture,
+                    "task": spec.task,
+                    "device": engine_config.device,
+                    "dtype": engine_config.dtype,
+                    "attention_backend": engine.attention_backend,
+                    "cuda_graphs": engine_config.cuda_graphs if engine.runner.graphs is not None else "off",
+                }
+            )
             encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size, spec.pair_format)
             served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
             logger.info(

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import save_bert, save_qwen3, words
-from benchmarks.live_server import serve
+from benchmarks.live_server import serve, served_backend
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
 
 MODEL = "bert-base / qwen3-0.6b shapes (random weights)"
@@ -120,7 +120,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
         timed(request, 20)
         samples = [_wall(request) for _ in range(repeats)]
-    context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=backends["bert"])
+        http_backend = served_backend(url)
+    context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=http_backend)
     records.append(context.record(HTTP_CASE, "latency_p50_ms", percentile_ms(samples, 50), "ms"))
     records.append(context.record(HTTP_CASE, "latency_p99_ms", percentile_ms(samples, 99), "ms"))
     print(f"{HTTP_CASE}: p50 {percentile_ms(samples, 50):.3f} ms, p99 {percentile_ms(samples, 99):.3f} ms")

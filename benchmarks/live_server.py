@@ -60,6 +60,17 @@ def serve(model: Path, *flags: str) -> Iterator[str]:
                     process.wait()
 
 
+def served_backend(url: str) -> str:
+    """The attention backend the server's (first) model runs, from its `posy_model_info` metric."""
+    import re
+
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
+    found = re.search(r'posy_model_info\{[^}]*attention_backend="([^"]+)"', text)
+    return found.group(1) if found else "unknown"
+
+
 def _ready(client, url: str) -> bool:
     import httpx
 

@@ -145,6 +145,15 @@ def test_metrics(http):
     assert any(observations(family) >= 1 for family in batch_sequences), sorted(histograms)
 
 
+def test_metrics_say_how_each_model_runs(http):
+    info = metric_families(http)["posy_model_info"]
+    labels = [sample.labels for sample in info.samples if sample.name == "posy_model_info"]
+    assert len(labels) == 1
+    assert labels[0]["architecture"] == "BertModel" and labels[0]["task"] == "embed"
+    runs_on = tuple(labels[0][key] for key in ("device", "dtype", "attention_backend", "cuda_graphs"))
+    assert runs_on == ("cpu", "float32", "torch", "off")
+
+
 # malformed and wrong-typed input
 
 

@@ -58,6 +58,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     for sequences in batches:
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
+    engine.attention_backend = backend.name
     engine.start()
     return engine
 

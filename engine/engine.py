@@ -71,6 +71,7 @@ class Engine:
         self.config = config
         self.scheduler = Scheduler(config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens)
         self._on_batch = on_batch
+        self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         self._thread: threading.Thread | None = None
 
     @property

@@ -1,0 +1,177 @@
+"""The HTTP suites' client side: run_clients() drives a live server from separate client processes (one
+request in flight each, back to back, all starting on one instant); embed_over_http() for parity checks."""
+
+from __future__ import annotations
+
+import base64
+import multiprocessing
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+REQUEST_TIMEOUT_S = 60.0  # a request that takes longer is an error, so that nothing hangs
+READY_TIMEOUT_S = 60.0  # for the client processes to start (spawned interpreters import httpx)
+START_DELAY_S = 0.2  # after the last client is ready, so that every client starts on the same instant
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int
+
+
+class _Reply(msgspec.Struct):  # the rest of the reply is skipped, not decoded
+    usage: _Usage
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """The requests started inside the timed window (after the warm-up), over every client."""
+
+    latencies_s: list[float]  # successful requests: the client's wall time of the POST, body read
+    num_tokens: int  # sum of their usage.prompt_tokens
+    errors: list[str]  # one line per failed request: "HTTP 429: ..." or the transport error
+    wall_s: float  # from the window's start to its last response
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.latencies_s)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def latency_ms(self, percentile: float) -> float:
+        return 1000 * float(np.percentile(self.latencies_s, percentile)) if self.latencies_s else 0.0
+
+
+def run_clients(
+    url: str,
+    bodies_per_client: list[list[bytes]],
+    *,
+    duration_s: float | None = None,
+    num_requests: int | None = None,
+    warmup_s: float = 0.0,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    path: str = EMBEDDINGS_PATH,
+) -> LoadResult:
+    """One process per entry of `bodies_per_client`, each POSTing its pre-built JSON bodies (cycled) back
+    to back: for `warmup_s` untimed, then for `duration_s` or `num_requests` requests each."""
+    if (duration_s is None) == (num_requests is None):
+        raise ValueError("give exactly one of duration_s and num_requests")
+    context = multiprocessing.get_context("spawn")  # no fork of a parent that holds CUDA
+    ready = context.Barrier(len(bodies_per_client) + 1)
+    go = context.Event()
+    start_at = context.Value("d", 0.0)
+    results = context.Queue()
+    plan = (warmup_s, duration_s, num_requests, timeout_s)
+    processes = [
+        context.Process(
+            target=_client, args=(url + path, bodies, plan, ready, go, start_at, results), daemon=True
+        )
+        for bodies in bodies_per_client
+    ]
+    for process in processes:
+        process.start()
+    try:
+        try:
+            ready.wait(READY_TIMEOUT_S)
+        except threading.BrokenBarrierError as error:
+            raise RuntimeError(f"the load clients did not start within {READY_TIMEOUT_S:.0f} s") from error
+        start_at.value = time.monotonic() + START_DELAY_S
+        go.set()
+        # each client stops starting requests at the window's end and finishes the one in flight
+        longest_s = warmup_s + (duration_s if duration_s is not None else num_requests * timeout_s)
+        samples = _collect(results, processes, START_DELAY_S + longest_s + timeout_s + READY_TIMEOUT_S)
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+    window_start = start_at.value + warmup_s
+    latencies = [end - start for start, end, _, error in samples if error is None]
+    num_tokens = sum(tokens for _, _, tokens, error in samples if error is None)
+    errors = [error for _, _, _, error in samples if error is not None]
+    wall_s = max((end for _, end, _, _ in samples), default=window_start) - window_start
+    return LoadResult(latencies, num_tokens, errors, wall_s)
+
+
+def _collect(results, processes, timeout_s: float) -> list[tuple[float, float, int, str | None]]:
+    """Every client's samples; a client that dies or overruns fails the run instead of hanging it."""
+    samples: list[tuple[float, float, int, str | None]] = []
+    deadline = time.monotonic() + timeout_s
+    for _ in processes:
+        while True:
+            try:
+                samples.extend(results.get(timeout=1.0))
+                break
+            except queue.Empty:
+                dead = [process.exitcode for process in processes if process.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    message = f"load clients failed (exit codes {dead}) or overran {timeout_s:.0f} s"
+                    raise RuntimeError(message) from None
+    return samples
+
+
+def _client(url, bodies, plan, ready, go, start_at, results) -> None:
+    """A client process: one httpx.Client, one request in flight; it sends (start, end, tokens, error)
+    for each request started in the timed window."""
+    import httpx
+
+    warmup_s, duration_s, num_requests, timeout_s = plan
+    usage = msgspec.json.Decoder(_Reply)
+    samples = []
+    headers = {"content-type": "application/json"}
+    with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
+        ready.wait(READY_TIMEOUT_S)
+        go.wait(READY_TIMEOUT_S)
+        window_start = start_at.value + warmup_s
+        deadline = window_start + duration_s if duration_s is not None else float("inf")
+        time.sleep(max(0.0, start_at.value - time.monotonic()))
+        max_samples = num_requests if num_requests is not None else float("inf")
+        index = 0
+        while (started := time.monotonic()) < deadline and len(samples) < max_samples:
+            body = bodies[index % len(bodies)]
+            index += 1
+            tokens, error = 0, None
+            try:
+                response = client.post(url, content=body)
+                ended = time.monotonic()
+                if response.status_code == 200:
+                    tokens = usage.decode(response.content).usage.prompt_tokens
+                else:
+                    error = f"HTTP {response.status_code}: {response.text[:200]}"
+            except (httpx.HTTPError, msgspec.DecodeError) as failure:
+                ended = time.monotonic()
+                error = f"{type(failure).__name__}: {failure}"
+            if started >= window_start:
+                samples.append((started, ended, tokens, error))
+    results.put(samples)
+
+
+def embed_over_http(url: str, texts: list[str], model: str, one_per_request: bool = False):
+    """(vectors [n, dim] float32, usage.prompt_tokens summed) for `texts`, sent in one request or one text
+    a request, base64-encoded as the timed requests ask for them."""
+    import httpx
+
+    vectors, num_tokens = [], 0
+    batches = [[text] for text in texts] if one_per_request else [texts]
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+        for batch in batches:
+            response = client.post(
+                url + EMBEDDINGS_PATH, json={"model": model, "input": batch, "encoding_format": "base64"}
+            )
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+            reply = response.json()
+            num_tokens += reply["usage"]["prompt_tokens"]
+            for item in sorted(reply["data"], key=lambda item: item["index"]):
+                vectors.append(np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4"))
+    return np.stack(vectors), num_tokens
