@@ -178,8 +178,10 @@ def test_embeddings_differ_from_the_ablated_reference(serve, family):
     ablated = family.ablated(served.folder)
     with openai_client(served) as client:
         response = client.embeddings.create(model=family.id, input=TEXTS, encoding_format="float")
-    for text, ours in zip(TEXTS, vectors(response)):
-        assert cosine(ours, served.vector(text, ablated)) < 0.999, text
+    # the feature matters: without it some text gets another vector (not necessarily every one: with
+    # tiny random weights a text may hardly depend on it)
+    cosines = [cosine(ours, served.vector(text, ablated)) for text, ours in zip(TEXTS, vectors(response))]
+    assert min(cosines) < 0.999, cosines
 
 
 @pytest.mark.parametrize("family", family_ids([family for family in CROSS_ENCODERS if family.ablated]))
@@ -187,9 +189,11 @@ def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
     served = serve(family)
     ablated = family.ablated(served.folder)
     response = cohere_rerank(served, "v2", query=QUERY, documents=DOCUMENTS)
-    for index, score in cohere_ranked(response):
-        logit = family.reference(ablated, served.ids(QUERY, DOCUMENTS[index]))
-        assert abs(score - sigmoid(logit)) > 10 * SCORE_TOLERANCE, index
+    gaps = [
+        abs(score - sigmoid(family.reference(ablated, served.ids(QUERY, DOCUMENTS[index]))))
+        for index, score in cohere_ranked(response)
+    ]
+    assert max(gaps) > 10 * SCORE_TOLERANCE, gaps  # some document's score depends on the feature
 
 
 @pytest.mark.parametrize(
