@@ -78,6 +78,11 @@ class Engine:
     def queued_tokens(self) -> int:
         return self.scheduler.queued_tokens
 
+    def describe(self) -> dict[str, str]:
+        """How the model runs, for logs and metrics."""
+        graphs = self.config.cuda_graphs if self.runner.graphs is not None else "off"
+        return {"attention_backend": self.attention_backend, "cuda_graphs": graphs, "replicas": "1"}
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="posy-engine", daemon=True)
         self._thread.start()

@@ -1,0 +1,150 @@
+"""ReplicaSet: starts one engine replica process per slot (spread over the GPUs, or sharing the CPU cores),
+waits until each is warm, restarts any that dies, and stops them all. Its ReplicaPool is what the gateway
+runs requests through."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.replica import ReplicaConfig, replica_main
+from engine.replica_pool import ReplicaPool
+
+logger = logging.getLogger(__name__)
+READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels
+WATCH_INTERVAL_S = 0.1
+STOP_TIMEOUT_S = 30.0
+DESCRIPTION_BYTES = 512
+
+
+class ReplicaStartError(EngineError):
+    """A replica process exited or stayed cold instead of getting ready."""
+
+
+class ReplicaSet:
+    def __init__(
+        self,
+        model: str | None,
+        num_replicas: int,
+        engine_config: EngineConfig,
+        bidirectional: bool = False,
+        max_model_len: int | None = None,
+        log_level: str = "info",
+    ):
+        if num_replicas < 1:
+            raise ValueError("a replica set needs at least one replica")
+        self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked CUDA state
+        self._folder = tempfile.mkdtemp(prefix="posy-")
+        self.configs = [
+            ReplicaConfig(
+                model=model,
+                engine=dataclasses.replace(engine_config, device=_device(engine_config.device, index)),
+                endpoint=f"ipc://{self._folder}/replica-{index}",
+                bidirectional=bidirectional,
+                max_model_len=max_model_len,
+                log_level=log_level,
+                num_threads=_threads(engine_config.device, num_replicas),
+            )
+            for index in range(num_replicas)
+        ]
+        self.pool = ReplicaPool(
+            [config.endpoint for config in self.configs],
+            chunk_tokens=engine_config.max_batch_tokens,
+            max_sequence_tokens=engine_config.max_batch_tokens,
+        )
+        self.processes: list = [None] * num_replicas
+        self._descriptions: list = [None] * num_replicas
+        self.num_restarts = [0] * num_replicas
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start every replica, in parallel, and return once all are warm (or raise)."""
+        started = [self._spawn(index) for index in range(len(self.configs))]
+        for index, ready in enumerate(started):
+            self._wait_ready(index, ready)
+        self.pool.description = json.loads(self._descriptions[0].value.decode())
+        self._watcher = threading.Thread(target=self._watch, name="posy-replicas", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.pool.stop()
+        for process in self.processes:
+            if process is not None and process.is_alive():
+                process.terminate()  # SIGTERM: the replica stops its engine and exits
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in self.processes:
+            if process is not None:
+                process.join(max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _spawn(self, index: int):
+        ready = self._context.Event()
+        self._descriptions[index] = self._context.Array("c", DESCRIPTION_BYTES)
+        process = self._context.Process(
+            target=replica_main,
+            args=(self.configs[index], ready, self._descriptions[index]),
+            name=f"posy-replica-{index}",
+            daemon=True,
+        )
+        process.start()
+        self.processes[index] = process
+        return ready
+
+    def _wait_ready(self, index: int, ready) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        process = self.processes[index]
+        while not ready.wait(0.1):
+            if not process.is_alive() or time.monotonic() > deadline:
+                state = f"exited with code {process.exitcode}" if not process.is_alive() else "stayed cold"
+                device = self.configs[index].engine.device
+                raise ReplicaStartError(
+                    f"engine replica {index} ({device}) {state} while starting; see its log"
+                )
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            for index, process in enumerate(self.processes):
+                if process.is_alive() or self._stopping.is_set():
+                    continue
+                logger.error("engine replica %d exited with code %s: restarting it", index, process.exitcode)
+                self.pool.replica_died(index)
+                self.num_restarts[index] += 1
+                try:
+                    self._wait_ready(index, self._spawn(index))
+                except ReplicaStartError:
+                    logger.exception("engine replica %d did not come back; trying again", index)
+                    continue
+                self.pool.replica_back(index)
+                logger.info("engine replica %d is back", index)
+
+
+def _device(device: str, index: int) -> str:
+    """Replica `index`'s device: the GPUs in turn (two replicas may share one), or the CPU."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    if ":" in device:
+        return device
+    return f"cuda:{index % max(1, torch.cuda.device_count())}"
+
+
+def _threads(device: str, num_replicas: int) -> int | None:
+    """CPU replicas share the cores instead of each taking them all; GPU replicas need few."""
+    if device.startswith("cuda"):
+        return None
+    return max(1, (os.cpu_count() or 1) // num_replicas)
