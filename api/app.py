@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request
-from litestar.datastructures import MutableScopeHeaders
+from litestar.datastructures import Headers, MutableScopeHeaders
 from litestar.di import Provide
 from litestar.types import Message, Scope
 
 from api.config import ServerConfig
-from api.errors import Unauthorized, error_response
+from api.errors import Unauthorized, error_response, request_id_of
+from api.guard import ARRIVED
+from api.openapi import openapi_config
 from api.routes.embeddings import create_embeddings
 from api.routes.health import health, metrics, ready
 from api.routes.models import list_models
@@ -23,7 +24,8 @@ from api.routes.rerank import rerank_v1, rerank_v2
 from api.routes.tei import rerank_tei
 from api.server import Server
 
-OPEN_PATHS = ("/health", "/ready", "/metrics")
+# every other route needs the API key when one is set, /metrics and /openapi.json included
+OPEN_PATHS = ("/health", "/ready")
 
 
 def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
@@ -38,21 +40,19 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
             await asyncio.to_thread(server.stop)
 
     async def before_request(request: Request) -> None:
-        request.scope["state"]["posy_started"] = time.perf_counter()
+        request.scope["state"][ARRIVED] = time.perf_counter()
         if config.api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            given = given or request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), config.api_key.encode()):
+            # headers arrive as latin-1 text: back to their bytes, against the key's UTF-8 bytes
+            given = _given_key(request.headers).encode("latin-1")
+            if not hmac.compare_digest(given, config.api_key.encode()):
                 raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
 
     async def before_send(message: Message, scope: Scope) -> None:
         if message["type"] != "http.response.start":
             return
-        state = scope.setdefault("state", {})
         headers = MutableScopeHeaders.from_message(message)
-        request_id = state.get("posy_request_id") or _incoming_request_id(scope) or uuid.uuid4().hex
-        headers["x-request-id"] = request_id
-        started = state.get("posy_started")
+        headers["x-request-id"] = request_id_of(scope)
+        started = scope["state"].get(ARRIVED)
         route = scope["path"] if scope.get("route_handler") is not None else "unmatched"
         server.metrics.observe_request(
             route, message["status"], time.perf_counter() - started if started is not None else None
@@ -75,12 +75,13 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
         before_send=[before_send],
         lifespan=[lifespan],
         request_max_body_size=config.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(),
     )
 
 
-def _incoming_request_id(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", []):
-        if name == b"x-request-id":
-            return value.decode("latin-1")[:128] or None
-    return None
+def _given_key(headers: Headers) -> str:
+    """The key of `Authorization: Bearer KEY` (the scheme in any case), else of `x-api-key: KEY`."""
+    scheme, _, key = headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return key.strip()
+    return headers.get("x-api-key", "")

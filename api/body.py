@@ -20,3 +20,8 @@ async def decode_body(request: Request, wire_type: type[T]) -> T:
         raise InvalidInput(f"invalid request: {error}") from None
     except msgspec.DecodeError as error:
         raise InvalidInput(f"the body is not valid JSON: {error}") from None
+    except UnicodeDecodeError as error:
+        raise InvalidInput(f"the body is not valid UTF-8 (byte {error.start})") from None
+    except RecursionError:
+        # msgspec's decoder recurses once per nesting level, even through fields it skips
+        raise InvalidInput("the body's JSON nests too deeply") from None

@@ -6,9 +6,9 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from api.config import MAX_BODY_BYTES, MAX_INPUTS, ServerConfig
+from api.config import MAX_BODY_BYTES, MAX_INPUTS, MAX_REQUEST_TOKENS, REQUEST_TIMEOUT_S, ServerConfig
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -49,6 +49,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="run a decoder embedder (Qwen3) without its causal mask, mean-pooled (pplx-embed style); "
         "a config with is_causal: false does this by itself",
     )
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        help="engine replicas per model (default: one per visible GPU, one on CPU); more than one run as "
+        "worker processes that large requests are split over",
+    )
     serve.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
     serve.add_argument(
         "--max-batch-tokens",
@@ -65,8 +71,33 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--api-key", help="require Authorization: Bearer KEY")
     serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
+    serve.add_argument(
+        "--max-request-tokens",
+        type=_at_least(1, int),
+        default=MAX_REQUEST_TOKENS,
+        help="tokens a request may send to the model after tokenization, rerank pairs included "
+        "(larger: 400, TEI 413)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=_at_least(0, float),
+        default=REQUEST_TIMEOUT_S,
+        help="seconds from a request's arrival after which, still waiting on the model, it gets a 504 "
+        "and its queued work is dropped; 0: no limit",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser, serve
+
+
+def _at_least(minimum: float, kind: type) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        number = kind(value)
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return number
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value"
+    return parse
 
 
 def apply_environment(command: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -97,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        replicas=args.replicas,
         bidirectional=args.bidirectional,
         max_model_len=args.max_model_len,
         max_batch_tokens=args.max_batch_tokens,
@@ -106,6 +138,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key,
         max_inputs=args.max_inputs,
         max_body_bytes=args.max_body_bytes,
+        max_request_tokens=args.max_request_tokens,
+        request_timeout=args.request_timeout,
         log_level=args.log_level,
     )
 

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000
+# tokens one request may send to the model after tokenization (rerank: all the pairs it scores);
+# 2048 inputs of 512 tokens, as many as the default GPU queue holds (64 x 16384)
+MAX_REQUEST_TOKENS = 1024 * 1024
+REQUEST_TIMEOUT_S = 60.0
 DEFAULT_MAX_CHUNKS_PER_DOC = 10
 DEFAULT_MAX_TOKENS_PER_DOC = 4096
 
@@ -23,6 +27,9 @@ class ServerConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: str = "lazy"
+    # engine replicas per model: one runs in the server process, more run as worker processes the
+    # gateway splits requests over; None: one per visible GPU, one on CPU
+    replicas: int | None = None
     # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
     bidirectional: bool = False
     # caps every model's window (vLLM's --max-model-len); None: the model's own
@@ -36,4 +43,7 @@ class ServerConfig:
     max_inputs: int = MAX_INPUTS
     max_body_bytes: int = MAX_BODY_BYTES
     max_documents: int = MAX_DOCUMENTS
+    max_request_tokens: int = MAX_REQUEST_TOKENS
+    # seconds from a request's arrival after which one still waiting on the model gets a 504; 0: never
+    request_timeout: float = REQUEST_TIMEOUT_S
     log_level: str = "info"

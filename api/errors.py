@@ -4,10 +4,12 @@ error body in the shape of the API that was called (OpenAI, Cohere or TEI)."""
 from __future__ import annotations
 
 import logging
+import uuid
 from enum import Enum
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from litestar.types import Scope
 
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from scoring.errors import ScoringError
@@ -17,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 class ApiError(Exception):
     status_code = 400
+    # TEI answers invalid input with 422
+    tei_status_code = 422
     error_type = "invalid_request_error"
 
     def __init__(self, message: str, param: str | None = None, error_type: str | None = None):
@@ -38,6 +42,39 @@ class InputTooLong(InvalidInput):
             "shorten it or ask for truncation (truncate_prompt_tokens, or --auto-truncate)",
             param,
         )
+
+
+class RequestTooLarge(InvalidInput):
+    tei_status_code = 413
+
+    def __init__(self, num_tokens: int, max_tokens: int, param: str = "input"):
+        super().__init__(
+            f"the request has {num_tokens} tokens after tokenization, more than the limit of {max_tokens} "
+            "tokens a request (--max-request-tokens); send fewer or shorter inputs",
+            param,
+        )
+
+
+class RequestTimeout(ApiError):
+    status_code = 504
+    error_type = "timeout"
+
+    def __init__(self, timeout_s: float):
+        super().__init__(
+            f"the request was still waiting on the model after {timeout_s:g} s (--request-timeout); "
+            "its queued work was dropped"
+        )
+
+
+class ClientDisconnected(ApiError):
+    """The client went away while its request waited on the model; nobody reads this answer, but the
+    status (nginx's 499) shows in the metrics."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+
+    def __init__(self) -> None:
+        super().__init__("the client disconnected; its queued work was dropped")
 
 
 class ModelNotServed(ApiError):
@@ -77,7 +114,23 @@ def shape_of(path: str) -> ApiShape:
     return ApiShape.OPENAI
 
 
-def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
+REQUEST_ID = "posy_request_id"
+MAX_REQUEST_ID_CHARS = 128
+
+
+def request_id_of(scope: Scope) -> str:
+    """The request's id: the caller's x-request-id (cut to 128 characters) or a new one, kept in the
+    scope's state so that the response header, the log and a 500 body name the same id."""
+    state = scope.setdefault("state", {})
+    if REQUEST_ID not in state:
+        incoming = dict(scope.get("headers", [])).get(b"x-request-id", b"")
+        state[REQUEST_ID] = incoming.decode("latin-1")[:MAX_REQUEST_ID_CHARS] or uuid.uuid4().hex
+    return state[REQUEST_ID]
+
+
+def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, dict[str, str]]:
+    if isinstance(exc, Unauthorized):
+        return exc.status_code, exc, {"WWW-Authenticate": "Bearer"}
     if isinstance(exc, ApiError):
         return exc.status_code, exc, {}
     if isinstance(exc, (ScoringError, SequenceTooLong)):
@@ -90,25 +143,31 @@ def _status_and_error(exc: Exception) -> tuple[int, ApiError, dict[str, str]]:
         )
     if isinstance(exc, EngineStopped):
         return 503, ApiError(str(exc), error_type="service_unavailable"), {}
+    extra = {"request_id": request_id}
     if isinstance(exc, EngineError):
-        logger.error("engine error: %s", exc)
-        return 500, ApiError("the model failed on this request", error_type="server_error"), {}
+        logger.error("request %s: engine error: %s", request_id, exc, extra=extra)
+        message = f"the model failed on this request (request id {request_id})"
+        return 500, ApiError(message, error_type="server_error"), {}
     if isinstance(exc, HTTPException):
         message = "the request body is too large" if exc.status_code == 413 else exc.detail
+        if exc.status_code >= 500:
+            logger.error("request %s: %s", request_id, message, extra=extra)
+            message = f"{message} (request id {request_id})"
         return exc.status_code, ApiError(message), dict(exc.headers or {})
-    logger.exception("unhandled error", exc_info=exc)
-    return 500, ApiError("internal server error", error_type="server_error"), {}
+    # the traceback goes to the log only, under the id the client sees in its body and header
+    logger.exception("request %s: unhandled error", request_id, exc_info=exc, extra=extra)
+    return 500, ApiError(f"internal server error (request id {request_id})", error_type="server_error"), {}
 
 
 def error_response(request: Request, exc: Exception) -> Response:
-    status, error, headers = _status_and_error(exc)
+    status, error, headers = _status_and_error(exc, request_id_of(request.scope))
     shape = shape_of(request.url.path)
     if shape is ApiShape.COHERE:
         body: object = {"message": error.message}
     elif shape is ApiShape.TEI:
-        # TEI answers invalid input with 422 and names the kind of error
+        # TEI answers invalid input with 422 (a request too large: 413) and names the kind of error
         if status == 400:
-            status = 422
+            status = error.tei_status_code
         tei_type = {413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy"}.get(
             status, "Backend"
         )

@@ -9,6 +9,7 @@ from api.prompts import select_prompt
 from api.tokenize import TextEncoder
 from engine.engine import Engine
 from engine.loader import ModelSpec
+from engine.replica_pool import ReplicaPool
 from scoring.rerank import RerankModel
 from scoring.templates import JUDGE_PROMPTS, TextPrompts
 
@@ -21,7 +22,7 @@ class ServedModel:
     names: tuple[str, ...]
     spec: ModelSpec
     encoder: TextEncoder
-    engine: Engine
+    engine: Engine | ReplicaPool  # the same run() either way
 
     @property
     def name(self) -> str:

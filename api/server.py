@@ -14,7 +14,10 @@ from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
 from engine.device import resolve_device, resolve_dtype
+from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
+from engine.replica_pool import ReplicaPool
+from engine.replicas import ReplicaSet
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ class Server:
         self.metrics = Metrics()
         self._registry: ModelRegistry | None = None
         self._specs: list[ModelSpec] | None = None
+        self._replica_sets: list[ReplicaSet] = []
         self.draining = False
         self.started_at = int(time.time())
 
@@ -62,9 +66,10 @@ class Server:
             engine_config.max_queue_tokens,
         )
         served = []
+        num_replicas = self.num_replicas(engine_config.device)
         for index, spec in enumerate(specs):
             names = self._names(index, spec)
-            engine = build_engine(spec, engine_config, self.metrics.batch_observer(names[0]))
+            engine = self._start_engine(index, spec, engine_config, num_replicas, names[0])
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
             self.metrics.model_info.labels(model=names[0]).info(
                 {
@@ -72,8 +77,7 @@ class Server:
                     "task": spec.task,
                     "device": engine_config.device,
                     "dtype": engine_config.dtype,
-                    "attention_backend": engine.attention_backend,
-                    "cuda_graphs": engine_config.cuda_graphs if engine.runner.graphs is not None else "off",
+                    **engine.describe(),
                 }
             )
             encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size, spec.pair_format)
@@ -92,6 +96,34 @@ class Server:
         if self._registry is not None:
             for model in self._registry.models:
                 model.engine.stop()
+        for replica_set in self._replica_sets:
+            replica_set.stop()
+
+    def num_replicas(self, device: str) -> int:
+        if self.config.replicas is not None:
+            if self.config.replicas < 1:
+                raise ValueError(f"--replicas must be at least 1, not {self.config.replicas}")
+            return self.config.replicas
+        if device.startswith("cuda") and ":" not in device:
+            import torch
+
+            return max(1, torch.cuda.device_count())
+        return 1
+
+    def _start_engine(
+        self, index: int, spec: ModelSpec, engine_config: EngineConfig, num_replicas: int, name: str
+    ) -> Engine | ReplicaPool:
+        """One replica runs in this process; more run as worker processes behind a ReplicaPool."""
+        if num_replicas == 1:
+            return build_engine(spec, engine_config, self.metrics.batch_observer(name))
+        config = self.config
+        replica_set = ReplicaSet(
+            config.models[index], num_replicas, engine_config, config.bidirectional, config.max_model_len,
+            config.log_level,
+        )  # fmt: skip
+        self._replica_sets.append(replica_set)
+        replica_set.start()
+        return replica_set.pool
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
         spec = resolve_model(model, bidirectional=self.config.bidirectional)

@@ -10,6 +10,7 @@ from litestar.di import NamedDependency
 from api.body import decode_body
 from api.encoding import check_dimensions, encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
+from api.guard import RequestGuard
 from api.inputs import normalize_input
 from api.models import EMBED
 from api.prompts import select_prompt
@@ -20,7 +21,7 @@ from api.server import Server
 INLINE_TOKENIZE_CHARS = 20_000
 
 
-@post(["/v1/embeddings", "/embeddings"], status_code=200)
+@post(["/v1/embeddings", "/embeddings"], status_code=200, request_body=EmbeddingRequest)
 async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EmbeddingResponse:
     data = await decode_body(request, EmbeddingRequest)
     model = server.registry().get(data.model, EMBED)
@@ -41,7 +42,8 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     else:
         sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
     num_tokens = sum(map(len, sequences))
-    vectors = truncate_dimensions(await model.engine.run(sequences), data.dimensions)
+    guard = RequestGuard(model.engine, request, server.config)
+    vectors = truncate_dimensions(await guard.run(sequences), data.dimensions)
     server.metrics.prompt_tokens.labels(model=model.name).inc(num_tokens)
     encoded = encode_vectors(vectors, data.encoding_format)
     return EmbeddingResponse(

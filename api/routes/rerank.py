@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -14,12 +15,12 @@ from litestar.di import NamedDependency
 from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
+from api.guard import RequestGuard
 from api.models import RERANK, ServedModel
 from api.schemas.cohere import (
     ApiVersion,
     BilledUnits,
     Document,
-    RerankDocument,
     RerankMeta,
     RerankRequest,
     RerankResponse,
@@ -29,26 +30,29 @@ from api.server import Server
 from scoring.rerank import RerankOptions, rerank_scores
 
 INLINE_TOKENIZE_CHARS = 20_000
+# lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
+# document is turned into text or returned (Python's recursion limit, which msgspec shares)
+MAX_DOCUMENT_DEPTH = 64
 
 
-@post("/v1/rerank", status_code=200)
+@post("/v1/rerank", status_code=200, request_body=RerankRequest)
 async def rerank_v1(request: Request, server: NamedDependency[Server]) -> RerankResponse:
     data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
     options = RerankOptions(max_chunks_per_doc=chunks, instruction=data.instruction)
-    return await _rerank(data, server, options, version="1")
+    return await _rerank(request, data, server, options, version="1")
 
 
-@post("/v2/rerank", status_code=200)
+@post("/v2/rerank", status_code=200, request_body=RerankRequest)
 async def rerank_v2(request: Request, server: NamedDependency[Server]) -> RerankResponse:
     data = await decode_body(request, RerankRequest)
     max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
     options = RerankOptions(max_tokens_per_doc=max_tokens, instruction=data.instruction)
-    return await _rerank(data, server, options, version="2")
+    return await _rerank(request, data, server, options, version="2")
 
 
 async def _rerank(
-    data: RerankRequest, server: Server, options: RerankOptions, version: str
+    request: Request, data: RerankRequest, server: Server, options: RerankOptions, version: str
 ) -> RerankResponse:
     model = server.registry().get(data.model, RERANK)
     if not data.query.strip():
@@ -58,7 +62,8 @@ async def _rerank(
     texts = [
         document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)
     ]
-    scores = await score_texts(model, data.query, texts, options)
+    guard = RequestGuard(model.engine, request, server.config)
+    scores = await score_texts(model, data.query, texts, options, guard)
     results = [
         RerankResult(
             index=index,
@@ -71,8 +76,12 @@ async def _rerank(
     return RerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
 
 
-async def score_texts(model: ServedModel, query: str, texts: list[str], options: RerankOptions) -> np.ndarray:
-    encoder, rerank_model = model.encoder, model.rerank_model()
+async def score_texts(
+    model: ServedModel, query: str, texts: list[str], options: RerankOptions, guard: RequestGuard
+) -> np.ndarray:
+    """The documents' scores; the model's engine is reached through the request's guard."""
+    encoder = model.encoder
+    rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)
     if sum(map(len, prompted)) > INLINE_TOKENIZE_CHARS:
         ids = await asyncio.to_thread(encoder.content_ids, prompted)
@@ -100,6 +109,8 @@ def document_text(document: Document, rank_fields: list[str] | None, index: int)
     """A string as is; an object's `text`, or its rank_fields as "field: value" lines."""
     if isinstance(document, str):
         return document
+    if _nesting_depth(document) > MAX_DOCUMENT_DEPTH:
+        raise InvalidInput(f"document {index} nests deeper than {MAX_DOCUMENT_DEPTH} levels", "documents")
     fields = rank_fields or ["text"]
     missing = [field for field in fields if field not in document]
     if missing:
@@ -109,12 +120,23 @@ def document_text(document: Document, rank_fields: list[str] | None, index: int)
     return "\n".join(f"{field}: {_as_text(document[field])}" for field in fields)
 
 
+def _nesting_depth(value: Any) -> int:
+    """Levels of lists and objects in a value, counted level by level without recursion."""
+    depth, level = 0, [value]
+    while level := [item for item in level if isinstance(item, (list, dict))]:
+        depth += 1
+        if depth > MAX_DOCUMENT_DEPTH:
+            break
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
+    return depth
+
+
 def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _returned(document: Document) -> RerankDocument | dict[str, Any]:
-    return RerankDocument(text=document) if isinstance(document, str) else document
+def _returned(document: Document) -> dict[str, Any]:
+    return {"text": document} if isinstance(document, str) else document
 
 
 def _positive(value: int | None, param: str) -> int | None:

@@ -8,6 +8,7 @@ from litestar.di import NamedDependency
 from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
+from api.guard import RequestGuard
 from api.models import RERANK
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
@@ -15,7 +16,7 @@ from api.server import Server
 from scoring.rerank import RerankOptions
 
 
-@post("/rerank", status_code=200)
+@post("/rerank", status_code=200, request_body=TeiRerankRequest)
 async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[TeiRank]:
     data = await decode_body(request, TeiRerankRequest)
     model = server.registry().get(None, RERANK)
@@ -29,7 +30,8 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[
         raw_scores=data.raw_scores,
         instruction=data.instruction,
     )
-    scores = await score_texts(model, data.query, data.texts, options)
+    guard = RequestGuard(model.engine, request, server.config)
+    scores = await score_texts(model, data.query, data.texts, options, guard)
     return [
         TeiRank(index=index, score=float(scores[index]), text=data.texts[index] if data.return_text else None)
         for index in ranking(scores, None)

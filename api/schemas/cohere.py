@@ -24,15 +24,12 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     instruction: str | None = None
 
 
-class RerankDocument(msgspec.Struct):
-    text: str
-
-
 class RerankResult(msgspec.Struct, omit_defaults=True):
     index: int
     relevance_score: float
-    # absent (never null) unless return_documents was asked for
-    document: RerankDocument | dict[str, Any] | None = None
+    # absent (never null) unless return_documents was asked for: {"text": ...} for a string document,
+    # a v1 object document whole (one dict type: msgspec's schemas allow one dict-like type a union)
+    document: dict[str, Any] | None = None
 
 
 class ApiVersion(msgspec.Struct):

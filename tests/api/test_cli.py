@@ -149,3 +149,15 @@ def test_bidirectional_reaches_the_model_spec(tmp_path):
     assert not Server(parse(["serve", "--model", str(tmp_path)])).resolve()[0].bidirectional
     spec = Server(parse(["serve", "--model", str(tmp_path), "--bidirectional"])).resolve()[0]
     assert spec.bidirectional and spec.pooling == "last"  # sentence-transformers' pooling still rules
+
+
+def test_request_limits_flags_defaults_and_environment_twins():
+    config = parse(["serve"])
+    assert config.max_request_tokens == 1024 * 1024 and config.request_timeout == 60.0
+    config = parse(["serve", "--max-request-tokens", "5000", "--request-timeout", "0"])
+    assert config.max_request_tokens == 5000 and config.request_timeout == 0.0
+    config = parse(["serve"], {"POSY_MAX_REQUEST_TOKENS": "777", "POSY_REQUEST_TIMEOUT": "2.5"})
+    assert config.max_request_tokens == 777 and config.request_timeout == 2.5
+    for argv in (["--max-request-tokens", "0"], ["--request-timeout", "-1"], ["--max-request-tokens", "x"]):
+        with pytest.raises(SystemExit):
+            parse(["serve", *argv])

@@ -1,0 +1,76 @@
+"""A live server's per-request limits: a client that hangs up mid-request leaves no work queued
+(uvicorn reports the disconnect), and --max-request-tokens / --request-timeout hold end to end."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .contract import MODEL, assert_openai_error, assert_tei_error, words
+
+EMBED_ROUTE = "/v1/embeddings"
+
+
+def metric(http: httpx.Client, name: str, **labels: str) -> float:
+    """The sum of a metric's samples named `name` whose labels include `labels`."""
+    text = http.get("/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_client_that_hangs_up_leaves_no_work_queued(server, http):
+    # 2048 inputs of 122 tokens: about 250k tokens, some 25 s of the CPU model
+    body = json.dumps({"model": MODEL, "input": [words(120)] * 2048}).encode()
+    ran_before = metric(http, "posy_batch_tokens_sum")
+    hung_up_before = metric(http, "posy_requests_total", route=EMBED_ROUTE, status="499")
+    address = urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port)) as connection:
+        head = f"POST {EMBED_ROUTE} HTTP/1.1\r\nHost: posy\r\nContent-Type: application/json\r\n"
+        connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert wait_until(lambda: metric(http, "posy_queued_tokens") > 100_000, 30), server.log_tail()
+    # the connection is closed: its request is cancelled and the engine drops what is still queued
+    assert wait_until(lambda: metric(http, "posy_queued_tokens") == 0, 10), server.log_tail()
+    assert metric(http, "posy_batch_tokens_sum") - ran_before < 60_000  # of some 250,000 queued
+    assert wait_until(
+        lambda: metric(http, "posy_requests_total", route=EMBED_ROUTE, status="499") == hung_up_before + 1, 5
+    )
+    response = http.post(EMBED_ROUTE, json={"model": MODEL, "input": "still serving"}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def test_max_request_tokens_and_request_timeout_flags(server_factory):
+    limited = server_factory("--max-request-tokens", "100000", "--request-timeout", "1")
+    with httpx.Client(base_url=limited.url, timeout=60.0, trust_env=False) as client:
+        # 1000 inputs of 102 tokens are over the limit, whatever the route
+        response = client.post(EMBED_ROUTE, json={"model": MODEL, "input": [words(100)] * 1000})
+        message = assert_openai_error(response, 400)["message"]
+        assert "102000 tokens" in message and "100000" in message
+        response = client.post("/rerank", json={"query": "q", "texts": [words(100)] * 1000})
+        assert assert_tei_error(response, 413)["error_type"] == "Validation"
+        # 900 inputs of 102 tokens (some 9 s of the CPU model) are answered 504 after about a second
+        started = time.monotonic()
+        response = client.post(EMBED_ROUTE, json={"model": MODEL, "input": [words(100)] * 900})
+        assert assert_openai_error(response, 504)["type"] == "timeout"
+        assert time.monotonic() - started < 5
+        assert wait_until(lambda: metric(client, "posy_queued_tokens") == 0, 10), limited.log_tail()
+        response = client.post(EMBED_ROUTE, json={"model": MODEL, "input": "still serving"})
+        assert response.status_code == 200, response.text
