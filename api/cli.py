@@ -8,7 +8,15 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from api.config import MAX_BODY_BYTES, MAX_INPUTS, MAX_REQUEST_TOKENS, REQUEST_TIMEOUT_S, ServerConfig
+from api.config import (
+    DRAIN_GRACE_S,
+    MAX_BODY_BYTES,
+    MAX_INPUTS,
+    MAX_REQUEST_TOKENS,
+    REQUEST_TIMEOUT_S,
+    SHUTDOWN_TIMEOUT_S,
+    ServerConfig,
+)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -85,6 +93,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="seconds from a request's arrival after which, still waiting on the model, it gets a 504 "
         "and its queued work is dropped; 0: no limit",
     )
+    serve.add_argument(
+        "--drain-grace",
+        type=float,
+        default=DRAIN_GRACE_S,
+        help="seconds after SIGTERM during which /ready and new requests get 503 before the listener closes",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=SHUTDOWN_TIMEOUT_S,
+        help="seconds admitted requests get to finish once the listener has closed",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser, serve
 
@@ -141,6 +161,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_tokens=args.max_request_tokens,
         request_timeout=args.request_timeout,
         log_level=args.log_level,
+        drain_grace=args.drain_grace,
+        shutdown_timeout=args.shutdown_timeout,
     )
 
 
@@ -152,9 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    import uvicorn
-
     from api.app import create_app
+    from api.drain import run_server
     from api.server import Server
     from engine.errors import EngineError
 
@@ -165,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"posy: cannot serve: {error}", file=sys.stderr)
         return 2
     app = create_app(config, server)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    run_server(
+        app, server, config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout
+    )
     return 0
 
 

@@ -15,6 +15,10 @@ DEFAULT_MAX_CHUNKS_PER_DOC = 10
 DEFAULT_MAX_TOKENS_PER_DOC = 4096
 
 
+DRAIN_GRACE_S = 5.0
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     # model paths or hub ids; None is the bundled all-MiniLM-L6-v2
@@ -47,3 +51,6 @@ class ServerConfig:
     # seconds from a request's arrival after which one still waiting on the model gets a 504; 0: never
     request_timeout: float = REQUEST_TIMEOUT_S
     log_level: str = "info"
+    # SIGTERM: seconds of 503 before the listener closes, then seconds for admitted work to finish
+    drain_grace: float = DRAIN_GRACE_S
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT_S

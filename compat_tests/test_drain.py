@@ -1,0 +1,69 @@
+"""SIGTERM under load on a live `python -m api serve`: /ready turns 503 at once and new work gets 503
+during the grace period, the admitted request finishes with all its vectors, and the process exits 0
+within the grace period plus the shutdown timeout."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from .conftest import REPO_ROOT, free_port, server_env
+
+GRACE_S = 3.0
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def wait_ready(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the server exited while starting"
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become ready")
+
+
+def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "api", "serve", "--port", str(port), "--device", "cpu",
+        "--drain-grace", str(GRACE_S), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+    ]  # fmt: skip
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(url, process)
+        texts = [f"admitted text {index} " + "about cats and dogs " * 20 for index in range(1500)]
+        admitted: dict = {}
+
+        def send() -> None:
+            response = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+            admitted["status"], admitted["body"] = response.status_code, response.json()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        time.sleep(1.0)  # admitted and queued: about 100k tokens take the CPU engine several seconds
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        time.sleep(0.3)
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # alive while draining
+        assert httpx.get(f"{url}/ready", timeout=5).status_code == 503
+        refused = httpx.post(f"{url}/v1/embeddings", json={"input": "too late"}, timeout=5)
+        assert refused.status_code == 503 and "error" in refused.json()
+        assert time.monotonic() - signalled < GRACE_S, "the checks above must run inside the grace period"
+        sender.join(SHUTDOWN_TIMEOUT_S + GRACE_S)
+        assert admitted.get("status") == 200, admitted
+        assert len(admitted["body"]["data"]) == len(texts)
+        assert process.wait(timeout=SHUTDOWN_TIMEOUT_S + GRACE_S + 10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
