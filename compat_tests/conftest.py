@@ -108,7 +108,11 @@ class ServerFactory:
 
     def _launch(self, args: tuple[str, ...]) -> LiveServer:
         port = free_port()
-        command = [sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+        # no drain grace when the session ends (a test's own --drain-grace comes later and wins)
+        command = [
+            sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--drain-grace", "0", *args,
+        ]  # fmt: skip
         log_path = self._log_dir / f"server-{len(self._servers)}-{port}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
