@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "scoring": "benchmarks.scoring",
     "throughput": "benchmarks.throughput",
     "concurrency": "benchmarks.concurrency",
+    "gateway": "benchmarks.gateway",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

@@ -29,12 +29,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(model: Path, *flags: str) -> Iterator[str]:
-    """The base URL of a ready server for `model` started with `flags` (device, dtype, ...)."""
+def serve(model: Path | None, *flags: str) -> Iterator[str]:
+    """The base URL of a ready server for `model` (None: the bundled one) started with `flags`."""
     import httpx
 
     port = free_port()
-    command = [sys.executable, "-m", "api", "serve", "--model", str(model), "--port", str(port), *flags]
+    command = [sys.executable, "-m", "api", "serve", "--port", str(port), "--drain-grace", "0", *flags]
+    if model is not None:
+        command += ["--model", str(model)]
     env = {name: value for name, value in os.environ.items() if not name.startswith("POSY_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", POSY_LOG_LEVEL="warning")
     with tempfile.TemporaryFile() as log:
