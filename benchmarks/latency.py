@@ -17,6 +17,7 @@ from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import save_bert, save_qwen3, words
 from benchmarks.live_server import serve, served_backend
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
+from benchmarks.timing import timed
 
 MODEL = "bert-base / qwen3-0.6b shapes (random weights)"
 MIN_COSINE = 0.999  # posy in bf16 against the baseline in fp32 (cosine divergence within 0.1%)
@@ -47,20 +48,6 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     dtype, dtype_name = (torch.float32, "float32") if smoke else (torch.bfloat16, "bfloat16")
     repeats = 20 if smoke else 100 * options.rounds
 
-    def synchronize() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    def timed(function, count: int) -> list[float]:
-        samples = []
-        for _ in range(count):
-            synchronize()
-            start = time.perf_counter()
-            function()
-            synchronize()
-            samples.append(time.perf_counter() - start)
-        return samples
-
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     records, failures = [], []
     rng = random.Random(1)
@@ -82,9 +69,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         try:
             for _ in range(3):  # eager, capture, replay
                 vector = engine.runner.step(pack(sequence)).result()
-            posy = timed(lambda: engine.runner.step(pack(sequence)).result(), repeats)
-            timed(lambda: baseline.embed_ids(sequence), 5)  # the baseline's warm-up
-            hf = timed(lambda: baseline.embed_ids(sequence), max(5, repeats // 5))
+            posy = timed(lambda: engine.runner.step(pack(sequence)).result(), repeats, device)
+            timed(lambda: baseline.embed_ids(sequence), 5, device)  # the baseline's warm-up
+            hf = timed(lambda: baseline.embed_ids(sequence), max(5, repeats // 5), device)
             cosine = min_cosine(vector, baseline.to(torch.float32).embed_ids(sequence))
         finally:
             engine.stop()
@@ -118,7 +105,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
 
-        timed(request, 20)
+        timed(request, 20, "cpu")
         samples = [_wall(request) for _ in range(repeats)]
         http_backend = served_backend(url)
     context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=http_backend)

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import save_qwen3
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
+from benchmarks.timing import timed
 
 MODEL = "qwen3-0.6b-shape (random weights)"
 MIN_COSINE = 0.999  # posy in bf16 against the reference in fp32 ("same vector", DESIGN.md)
@@ -41,18 +41,6 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     dtype = torch.float32 if smoke else torch.bfloat16
     rounds = 1 if smoke else options.rounds
 
-    def timed(function, repeats: int) -> list[float]:
-        samples = []
-        for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            function()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            samples.append(time.perf_counter() - start)
-        return samples
-
     checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
     baseline = Baseline(checkpoint, device, dtype, batch_size=HF_BATCH_SIZE)
     config = EngineConfig(
@@ -72,9 +60,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         # 1. batch 1 x 128 tokens: request to pooled vector on the host
         for _ in range(3):  # eager, capture, replay
             step(pack(single)).result()
-        posy = timed(lambda: step(pack(single)).result(), rounds * 100)
-        timed(lambda: baseline.embed_ids(single), 5)
-        hf = timed(lambda: baseline.embed_ids(single), rounds * 20)
+        posy = timed(lambda: step(pack(single)).result(), rounds * 100, device)
+        timed(lambda: baseline.embed_ids(single), 5, device)
+        hf = timed(lambda: baseline.embed_ids(single), rounds * 20, device)
         posy_p50, hf_p50 = 1000 * statistics.median(posy), 1000 * statistics.median(hf)
         records.append(context.record("qwen3-batch1x128", "latency_p50_ms", posy_p50, "ms", hf_p50))
         print(f"qwen3 batch 1x128: posy p50 {posy_p50:.3f} ms, HF eager {hf_p50:.3f} ms")
@@ -82,9 +70,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         # 2. 100 mixed texts of 16..512 tokens: real tokens per second
         for _ in range(3):
             vectors = loop.run_until_complete(engine.run(mixed))
-        posy = timed(lambda: loop.run_until_complete(engine.run(mixed)), rounds * 2)
-        timed(lambda: baseline.embed_ids(mixed), 1)
-        hf = timed(lambda: baseline.embed_ids(mixed), rounds)
+        posy = timed(lambda: loop.run_until_complete(engine.run(mixed)), rounds * 2, device)
+        timed(lambda: baseline.embed_ids(mixed), 1, device)
+        hf = timed(lambda: baseline.embed_ids(mixed), rounds, device)
         tokens = sum(map(len, mixed))
         posy_rate, hf_rate = tokens / statistics.median(posy), tokens / statistics.median(hf)
         records.append(context.record("qwen3-mixed100", "real_tokens_per_s", posy_rate, "tokens/s", hf_rate))

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from benchmarks.baseline import Baseline
 from benchmarks.checkpoints import save_bert, save_qwen3, words
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
+from benchmarks.timing import timed
 
 MODEL = "bert-base cross-encoder / qwen3-reranker-0.6b shapes (random weights)"
 NUM_DOCUMENTS = (5, 25, 50)
@@ -60,10 +60,6 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     rng = random.Random(2)
     records, failures = [], []
 
-    def synchronize() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
     def measure(case, model, tokenizer, baseline, query_ids, documents, context) -> None:
         texts = [model.prompts.document_text(document) for document in documents]
         docs_ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
@@ -76,9 +72,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
         for _ in range(3):  # eager, capture, replay
             scores = score()
-        posy = _timed(score, repeats, synchronize)
-        _timed(lambda: baseline.score_ids(ids, types), 2, synchronize)
-        hf = _timed(lambda: baseline.score_ids(ids, types), max(3, repeats // 4), synchronize)
+        posy = timed(score, repeats, device)
+        timed(lambda: baseline.score_ids(ids, types), 2, device)
+        hf = timed(lambda: baseline.score_ids(ids, types), max(3, repeats // 4), device)
         error = float(np.abs(scores - baseline.to(torch.float32).score_ids(ids, types)).max())
         baseline.to(dtype)
         posy_p50, hf_p50 = 1000 * float(np.median(posy)), 1000 * float(np.median(hf))
@@ -116,14 +112,3 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
             engine.stop()
     loop.close()
     return SuiteOutcome(records, failures)
-
-
-def _timed(function, count: int, synchronize) -> list[float]:
-    samples = []
-    for _ in range(count):
-        synchronize()
-        start = time.perf_counter()
-        function()
-        synchronize()
-        samples.append(time.perf_counter() - start)
-    return samples

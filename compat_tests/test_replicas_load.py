@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+
+from benchmarks.gateway import children, rss_mib
 
 LOAD_SECONDS = float(os.environ.get("POSY_LOAD_SECONDS", "10"))
 REPLICA_FLAGS = ("--replicas", "2", "--device", "cpu", "--max-batch-tokens", "2048")
@@ -40,20 +40,6 @@ def unit(rows: np.ndarray) -> np.ndarray:
 
 def vectors(response: httpx.Response) -> np.ndarray:
     return np.array([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
-
-
-def children(pid: int) -> list[int]:
-    output = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(line) for line in output.split()]
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of the process and its children (the replicas)."""
-    total = 0
-    for process in [pid, *children(pid)]:
-        status = Path(f"/proc/{process}/status").read_text()
-        total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
-    return total / 1024
 
 
 async def client_loop(

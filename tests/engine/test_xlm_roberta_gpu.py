@@ -4,13 +4,13 @@ transformers reference (cosine >= 0.999; scores within 1e-2, same order where th
 with every attention backend that can run them and through the engine with CUDA graphs."""
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.checkpoints import write_sentence_transformers
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
@@ -51,14 +51,7 @@ def save_xlm_roberta(folder, architecture):
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
     Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
     if architecture == "XLMRobertaModel":  # bge-m3's sentence-transformers files: CLS, normalized
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        (folder / "modules.json").write_text(json.dumps(modules))
-        (folder / "1_Pooling").mkdir()
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))
+        write_sentence_transformers(folder, "cls")
     return model
 
 
