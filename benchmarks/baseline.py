@@ -57,11 +57,11 @@ class Baseline:
         import torch
 
         def pool(output, mask, lengths):
-            logits = output.logits.float()
+            logits = output.logits  # rows picked before any float32 copy of a vocabulary-wide tensor
             if self.checkpoint.kind == "judge":
                 last = logits[torch.arange(len(lengths), device=logits.device), lengths - 1]
-                return last[:, self.judge_ids].softmax(-1)[:, 1:]
-            return logits[:, :1].sigmoid()
+                return last[:, self.judge_ids].float().softmax(-1)[:, 1:]
+            return logits[:, :1].float().sigmoid()
 
         return self._batched(sequences, token_type_ids, pool)[:, 0]
 
