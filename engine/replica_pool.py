@@ -35,6 +35,7 @@ class _Chunk:
     future: asyncio.Future
     replica: int = -1
     attempts: int = 0
+    id: int = -1  # of its latest Run: a chunk sent again gets a new one
 
 
 def split_by_tokens(lengths: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
@@ -99,14 +100,16 @@ class ReplicaPool:
             if token_type_ids is not None:
                 types = [None if given is None else list(given) for given in token_type_ids[start:end]]
             chunks.append(_Chunk(ids, types, sum(lengths[start:end]), self._loop.create_future()))
-        ids = [self._send(chunk) for chunk in chunks]
+        for chunk in chunks:
+            self._send(chunk)
         try:
             parts = await asyncio.gather(*(chunk.future for chunk in chunks))
         except BaseException:
-            for chunk_id, chunk in zip(ids, chunks):  # the rest of the request is not wanted any more
-                if not chunk.future.done():
-                    chunk.future.cancel()
-                    self._forget(chunk_id, cancel=True)
+            # the rest of the request is not wanted any more (gather has cancelled the futures already)
+            for chunk in chunks:
+                chunk.future.cancel()
+                if self._pending.get(chunk.id) is chunk:
+                    self._forget(chunk.id, cancel=True)
             raise
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -158,20 +161,19 @@ class ReplicaPool:
             self._sockets.append(socket)
             self._receivers.append(self._loop.create_task(self._receive(index, socket)))
 
-    def _send(self, chunk: _Chunk) -> int:
+    def _send(self, chunk: _Chunk) -> None:
         live = [index for index, alive in enumerate(self.alive) if alive]
         if not live:
             chunk.future.set_exception(EngineStopped("no engine replica is running"))
-            return -1
+            return
         replica = min(live, key=lambda index: self.outstanding[index] + self.reported[index])
         chunk_id = next(self._ids)
-        chunk.replica, chunk.attempts = replica, chunk.attempts + 1
+        chunk.replica, chunk.attempts, chunk.id = replica, chunk.attempts + 1, chunk_id
         self._pending[chunk_id] = chunk
         self.outstanding[replica] += chunk.num_tokens
         self.chunks_sent[replica] += 1
         message = Run(chunk_id, chunk.token_ids, chunk.token_type_ids)
         self._sockets[replica].send(self._encode.encode(message))
-        return chunk_id
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
         chunk = self._pending.pop(chunk_id, None)
@@ -190,12 +192,23 @@ class ReplicaPool:
             if chunk is None or chunk.future.done():  # cancelled, or already sent elsewhere
                 continue
             if isinstance(message, Failure):
-                if message.kind == "stopped" and chunk.attempts < MAX_ATTEMPTS:
+                # a stopped replica's chunk goes elsewhere; so does a refused one where another replica
+                # has room (its queue filled with other gateways' work since this one last heard of it)
+                retry = message.kind == "stopped" or (
+                    message.kind == "overloaded" and self._room_elsewhere(index)
+                )
+                if retry and chunk.attempts < MAX_ATTEMPTS:
                     self._resend(chunk)
                 else:
                     chunk.future.set_exception(_exception(message))
             else:
                 chunk.future.set_result(message.array())
+
+    def _room_elsewhere(self, index: int) -> bool:
+        load = [self.outstanding[other] + self.reported[other] for other in range(len(self.endpoints))]
+        return any(
+            self.alive[other] and load[other] < load[index] for other in range(len(load)) if other != index
+        )
 
     def _resend(self, chunk: _Chunk) -> None:
         if chunk.attempts >= MAX_ATTEMPTS:
