@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import tempfile
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import words
@@ -54,36 +52,25 @@ def body(text: str) -> bytes:
 
 
 def run(options: argparse.Namespace) -> SuiteOutcome:
-    import torch
-
-    from benchmarks.checkpoints import save_bert
-    from benchmarks.live_server import serve, served_backend
+    from benchmarks.live_server import serve_random_bert
 
     plan = SMOKE if getattr(options, "smoke", False) else FULL
     texts = client_texts(plan, random.Random(0))
     bodies = [[body(text) for text in client] for client in texts]
-    gpu = torch.cuda.get_device_name() if plan.device == "cuda" else None
-    context = RunContext(suite=options.suite, model=f"{plan.shape}-shape (random weights)", gpu=gpu,
-                         backend=options.backend)  # fmt: skip
-    flags = ("--device", plan.device, "--dtype", plan.dtype, "--attention-backend", options.backend,
-             "--served-model-name", SERVED_NAME)  # fmt: skip
-    with tempfile.TemporaryDirectory() as folder:
-        checkpoint = save_bert(Path(folder), plan.shape)
-        baseline = Baseline(checkpoint, plan.device, torch.float32)
-        with serve(checkpoint.folder, *flags) as url:
-            context = replace(context, backend=served_backend(url))  # what "auto" chose
-            records, failures = check_parity(url, baseline, texts[0][: plan.num_parity_texts], context)
-            if failures:  # nothing is timed
-                return SuiteOutcome(records, failures)
-            loads = {}
-            for level in plan.levels:
-                loads[level] = run_clients(
-                    url, bodies[:level], duration_s=plan.duration_s, warmup_s=plan.warmup_s
-                )
-                records += level_records(context, level, loads[level])
-                if loads[level].errors:
-                    errors = loads[level].errors
-                    failures.append(f"clients-{level}: {len(errors)} failed requests, the first: {errors[0]}")
+    setup = (options.suite, plan.shape, plan.device, plan.dtype, options.backend, SERVED_NAME)
+    with serve_random_bert(*setup) as (url, baseline, context):
+        records, failures = check_parity(url, baseline, texts[0][: plan.num_parity_texts], context)
+        if failures:  # nothing is timed
+            return SuiteOutcome(records, failures)
+        loads = {}
+        for level in plan.levels:
+            loads[level] = run_clients(
+                url, bodies[:level], duration_s=plan.duration_s, warmup_s=plan.warmup_s
+            )
+            records += level_records(context, level, loads[level])
+            if loads[level].errors:
+                errors = loads[level].errors
+                failures.append(f"clients-{level}: {len(errors)} failed requests, the first: {errors[0]}")
     records += ratio_records(context, loads[plan.levels[0]], loads[plan.levels[-1]], plan.levels)
     return SuiteOutcome(records, failures)
 

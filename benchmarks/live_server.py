@@ -80,3 +80,37 @@ def _ready(client, url: str) -> bool:
         return client.get(f"{url}/ready").status_code == 200
     except httpx.TransportError:
         return False
+
+
+@contextmanager
+def serve_random_bert(suite: str, shape: str, device: str, dtype: str, backend: str, served_name: str):
+    """The HTTP suites' setup: a random-weight BERT of `shape`, its fp32 baseline, a ready server for it,
+    and the suite's RunContext carrying the attention backend the server chose. Yields (url, baseline,
+    context)."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks.baseline import Baseline
+    from benchmarks.checkpoints import save_bert
+    from benchmarks.records import RunContext
+
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
+    flags = (
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--attention-backend",
+        backend,
+        "--served-model-name",
+        served_name,
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = save_bert(Path(folder), shape)
+        baseline = Baseline(checkpoint, device, torch.float32)
+        with serve(checkpoint.folder, *flags) as url:
+            context = RunContext(
+                suite=suite, model=f"{shape}-shape (random weights)", gpu=gpu, backend=backend
+            )
+            yield url, baseline, dataclasses.replace(context, backend=served_backend(url))

@@ -8,10 +8,8 @@ import argparse
 import json
 import random
 import statistics
-import tempfile
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import words
@@ -74,32 +72,23 @@ def baseline_tokens_per_s(baseline: Baseline, requests: list[list[str]], num_tok
 def run(options: argparse.Namespace) -> SuiteOutcome:
     import torch
 
-    from benchmarks.checkpoints import save_bert
-    from benchmarks.live_server import serve, served_backend
+    from benchmarks.live_server import serve_random_bert
 
     smoke = getattr(options, "smoke", False)
     plan = SMOKE if smoke else FULL
     rng = random.Random(0)
     texts = {case: request_texts(plan, *lengths, rng) for case, lengths in VARIANTS.items()}
-    gpu = torch.cuda.get_device_name() if plan.device == "cuda" else None
-    context = RunContext(suite=options.suite, model=f"{plan.shape}-shape (random weights)", gpu=gpu,
-                         backend=options.backend)  # fmt: skip
-    flags = ("--device", plan.device, "--dtype", plan.dtype, "--attention-backend", options.backend,
-             "--served-model-name", SERVED_NAME)  # fmt: skip
-    with tempfile.TemporaryDirectory() as folder:
-        checkpoint = save_bert(Path(folder), plan.shape)
-        baseline = Baseline(checkpoint, plan.device, torch.float32)
-        with serve(checkpoint.folder, *flags) as url:
-            context = replace(context, backend=served_backend(url))  # what "auto" chose
-            records, failures = check_parity(url, baseline, texts, context)
-            if failures:  # nothing is timed
-                return SuiteOutcome(records, failures)
-            baseline.to(getattr(torch, plan.dtype))
-            rounds = 1 if smoke else options.rounds
-            for case, clients in texts.items():
-                measured, errors = measure(url, baseline, plan, case, clients, rounds, context)
-                records += measured
-                failures += errors
+    setup = (options.suite, plan.shape, plan.device, plan.dtype, options.backend, SERVED_NAME)
+    with serve_random_bert(*setup) as (url, baseline, context):
+        records, failures = check_parity(url, baseline, texts, context)
+        if failures:  # nothing is timed
+            return SuiteOutcome(records, failures)
+        baseline.to(getattr(torch, plan.dtype))
+        rounds = 1 if smoke else options.rounds
+        for case, clients in texts.items():
+            measured, errors = measure(url, baseline, plan, case, clients, rounds, context)
+            records += measured
+            failures += errors
     return SuiteOutcome(records, failures)
 
 
