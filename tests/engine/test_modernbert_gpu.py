@@ -2,8 +2,6 @@
 transformers reference on the CPU (cosine >= 0.999) through every attention backend that runs sliding
 windows on CUDA, and through the engine with lazy CUDA graphs."""
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -11,10 +9,10 @@ import torch.nn.functional as F
 
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
 from engine.loader import load_model, resolve_model
+from tests.engine.graph_runs import run_three_times
 
 pytestmark = pytest.mark.gpu
 
@@ -118,23 +116,10 @@ def test_bf16_matches_transformers_through_each_windowed_backend(modernbert, bac
 
 def test_bf16_engine_with_cuda_graphs_matches_transformers(modernbert):
     folder, expected = modernbert
-    engine = build_engine(
-        resolve_model(str(folder)),
-        EngineConfig(device="cuda", dtype="bfloat16", cuda_graphs="lazy", max_batch_tokens=2048),
-    )
-
-    async def main():
-        # each batch three times, one request at a time: the first runs eagerly, the second captures
-        # its graph, the third replays it
-        return {
-            name: [await engine.run(sequences) for _ in range(3)] for name, (sequences, _) in expected.items()
-        }
-
-    try:
-        results = asyncio.run(main())
-    finally:
-        engine.stop()
-    graphs = engine.runner.graphs
+    config = EngineConfig(device="cuda", dtype="bfloat16", cuda_graphs="lazy", max_batch_tokens=2048)
+    batches = [sequences for sequences, _ in expected.values()]
+    runs, graphs = run_three_times(resolve_model(str(folder)), config, batches)
+    results = dict(zip(expected, runs))
     assert graphs is not None and graphs.graphs, "the engine ran without CUDA graphs"
     for name, runs in results.items():
         reference = expected[name][1].numpy()

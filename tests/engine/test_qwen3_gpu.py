@@ -3,8 +3,6 @@ fp32 transformers reference (cosine >= 0.999; judge scores within 1e-2, same ord
 wider), with every attention backend that can run it and through the engine with CUDA graphs; the
 fused Qwen3 kernels compiled, in bf16, against the torch ops."""
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -12,10 +10,10 @@ import torch.nn.functional as F
 
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
 from engine.loader import load_model, resolve_model
+from tests.engine.graph_runs import run_three_times
 
 pytestmark = pytest.mark.gpu
 
@@ -142,20 +140,10 @@ def test_judge_scores_in_bf16_match_the_fp32_reference(tmp_path):
 
 def test_engine_with_cuda_graphs_gives_the_reference_vectors(embedder):
     folder, reference = embedder
-    spec = resolve_model(str(folder))
-    engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096))
-    graphs = engine.runner.graphs
-    assert graphs is not None, "the serving backend for Qwen3 should be graph-safe"
     requests = [random_sequences([3 + (i * 37) % 250, 1 + i % 5], seed=i) for i in range(12)]
-
-    async def main():
-        # each request three times: eager, then captured, then replayed
-        return [[await engine.run(request) for _ in range(3)] for request in requests]
-
-    try:
-        results = asyncio.run(main())
-    finally:
-        engine.stop()
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096)
+    results, graphs = run_three_times(resolve_model(str(folder)), config, requests)
+    assert graphs is not None, "the serving backend for Qwen3 should be graph-safe"
     assert graphs.graphs, "no graph was captured"
     for request, runs in zip(requests, results):
         expected = reference_rows(reference, request, "last").numpy()

@@ -3,8 +3,6 @@
 transformers reference (cosine >= 0.999; scores within 1e-2, same order where the gaps are wider),
 with every attention backend that can run them and through the engine with CUDA graphs."""
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -13,10 +11,10 @@ import torch.nn.functional as F
 from benchmarks.checkpoints import write_sentence_transformers
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
 from engine.loader import load_model, resolve_model
+from tests.engine.graph_runs import run_three_times
 
 pytestmark = pytest.mark.gpu
 
@@ -116,21 +114,10 @@ def test_cross_encoder_scores_in_bf16_match_the_fp32_reference(tmp_path, backend
 
 def test_engine_with_cuda_graphs_gives_the_reference_vectors(embedder):
     folder, reference = embedder
-    engine = build_engine(
-        resolve_model(str(folder)), EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=8192)
-    )
-    graphs = engine.runner.graphs
-    assert graphs is not None
     requests = [random_sequences([3 + (i * 37) % 250, 2 + i % 5], seed=i) for i in range(12)]
-
-    async def main():
-        # each request three times: eager, then captured, then replayed
-        return [[await engine.run(request) for _ in range(3)] for request in requests]
-
-    try:
-        results = asyncio.run(main())
-    finally:
-        engine.stop()
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=8192)
+    results, graphs = run_three_times(resolve_model(str(folder)), config, requests)
+    assert graphs is not None
     assert graphs.graphs, "no graph was captured"
     for request, runs in zip(requests, results):
         expected = F.normalize(reference_outputs(reference, request), dim=-1).numpy()
