@@ -32,15 +32,13 @@ class Result(msgspec.Struct, tag="result", array_like=True):
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):
     id: int
-    kind: str  # one of FAILURE_KINDS
+    # "overloaded": the queue is full (429); "invalid": the request itself is wrong (400); "stopped": the
+    # replica is shutting down (503); "failed": the model failed on it (500)
+    kind: str
     message: str
     queued_tokens: int
     retry_after_s: float = 1.0
 
-
-# "overloaded": the queue is full (429); "invalid": the request itself is wrong (400); "stopped": the
-# replica is shutting down (503); "failed": the model failed on it (500)
-FAILURE_KINDS = ("overloaded", "invalid", "stopped", "failed")
 
 ToReplica = Run | Cancel
 FromReplica = Result | Failure
