@@ -95,10 +95,9 @@ class ReplicaPool:
         self._connect()
         chunks = []
         for start, end in split_by_tokens(lengths, self.chunk_tokens):
-            ids = [list(sequence) for sequence in token_ids[start:end]]
-            types = None
-            if token_type_ids is not None:
-                types = [None if given is None else list(given) for given in token_type_ids[start:end]]
+            # slices, not copies of every sequence: msgpack encodes any sequence of ints as an array
+            ids = list(token_ids[start:end])
+            types = None if token_type_ids is None else list(token_type_ids[start:end])
             chunks.append(_Chunk(ids, types, sum(lengths[start:end]), self._loop.create_future()))
         for chunk in chunks:
             self._send(chunk)
