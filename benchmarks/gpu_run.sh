@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU-machine call: `bash benchmarks/gpu_run.sh COMMIT STAGE...` from the project root, after
+# `source .gpu/preamble.sh`. Stages: tests (pytest -m gpu), profile, and any suite of
+# `python -m benchmarks` (engine, qwen3, all, ...). Each stage is time-boxed by POSY_STAGE_TIMEOUT
+# (seconds, default 300) so that one hung stage cannot take the call's results with it. Logs and the
+# appended result records are written under $OUT (results.tgz holds benchmarks/results).
+set -u
+commit=$1
+shift
+export POSY_COMMIT=$commit PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+limit=${POSY_STAGE_TIMEOUT:-300}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >"$out/gpu.txt" 2>&1
+for stage in "$@"; do
+  started=$(date +%s)
+  case $stage in
+    tests) timeout "$limit" python -m pytest -m gpu tests compat_tests -q -rfE -p no:cacheprovider \
+      --timeout 180 2>&1 | tee "$out/pytest.log" ;;
+    profile) timeout "$limit" python -m benchmarks.profile 2>&1 | tee "$out/profile.txt" ;;
+    *) timeout "$limit" python -m benchmarks "$stage" 2>&1 | tee "$out/bench-$stage.log" ;;
+  esac
+  echo "== stage $stage: rc ${PIPESTATUS[0]}, $(($(date +%s) - started)) s" | tee -a "$out/stages.txt"
+  tar czf "$out/results.tgz" benchmarks/results benchmarks/RESULTS.md
+done
