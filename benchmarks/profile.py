@@ -1,28 +1,29 @@
-"""`python -m benchmarks.profile`: where a BERT-base-shaped engine step spends its time on the GPU
-(top kernels) and on the host (top operators), at batch 1 x 128 and at a full 16k-token batch."""
+"""`python -m benchmarks.profile`: where a BERT-base-shaped engine step spends its time, at batch 1 x 128
+and at a full 16k-token batch: the host's share (pack, step, wait), a graph replay alone, and every
+GPU kernel and copy of one step (count, summed time)."""
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def main() -> None:
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.engine import random_sequences, save_random_bert
+    from benchmarks.checkpoints import save_bert
+    from benchmarks.engine import random_sequences
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
     from engine.loader import resolve_model
 
-    folder = Path(tempfile.mkdtemp())
-    save_random_bert(folder)
+    checkpoint = save_bert(Path(tempfile.mkdtemp()), "bert-base")
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=16384, max_queue_tokens=2**20)
-    engine = build_engine(resolve_model(str(folder)), config)
+    engine = build_engine(resolve_model(str(checkpoint.folder)), config)
     runner = engine.runner
     cases = {"batch1x128": random_sequences([128], 1), "full-50tok": random_sequences([50] * 327, 2)}
     try:
@@ -30,7 +31,7 @@ def main() -> None:
             for _ in range(4):
                 runner.step(pack(sequences)).result()
             host = []
-            for _ in range(50):
+            for _ in range(200):
                 start = time.perf_counter()
                 batch = pack(sequences)
                 packed = time.perf_counter()
@@ -38,15 +39,34 @@ def main() -> None:
                 stepped = time.perf_counter()
                 lazy.result()
                 host.append((packed - start, stepped - packed, time.perf_counter() - stepped))
-            pack_s, step_s, wait_s = (1000 * float(np.median(column)) for column in zip(*host))
-            print(f"== {name}: pack {pack_s:.3f} ms, step (host) {step_s:.3f} ms, wait {wait_s:.3f} ms")
+            pack_ms, step_ms, wait_ms = (1000 * statistics.median(column) for column in zip(*host))
+            print(f"== {name}: pack {pack_ms:.3f} ms, step (host) {step_ms:.3f} ms, wait {wait_ms:.3f} ms")
+            graph = runner.graphs.graphs.get(runner.graphs.key(pack(sequences))) if runner.graphs else None
+            if graph is not None:
+                replays = []
+                for _ in range(200):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    graph.graph.replay()
+                    torch.cuda.synchronize()
+                    replays.append(time.perf_counter() - start)
+                print(f"   graph replay + sync alone: p50 {1000 * statistics.median(replays):.3f} ms")
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
                 for _ in range(5):
                     runner.step(pack(sequences)).result()
-            table = trace.key_averages().table(
-                sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60
-            )
-            print(table)
+            kernels = [
+                (event.name, event.time_range.elapsed_us())
+                for event in trace.events()
+                if event.device_type == torch.autograd.DeviceType.CUDA
+            ]
+            per_step = len(kernels) / 5
+            busy_us = sum(elapsed for _, elapsed in kernels) / 5
+            print(f"   {per_step:.0f} GPU kernels/copies per step, {busy_us:.1f} us of GPU time per step")
+            summary: dict[str, list[float]] = {}
+            for kernel, elapsed in kernels:
+                summary.setdefault(kernel[:90], []).append(elapsed)
+            for kernel, times in sorted(summary.items(), key=lambda item: -sum(item[1]))[:25]:
+                print(f"   {sum(times) / 5:8.1f} us/step  {len(times) / 5:5.1f}x  {kernel}")
     finally:
         engine.stop()
 

@@ -25,8 +25,10 @@ def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
 
 
 def cls_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    # [num_tokens, hidden] -> [num_seqs, hidden], the first token of each sequence
-    return hidden[meta.cu_seqlens[:-1].long()]
+    # [num_tokens, hidden] -> [num_seqs, hidden], the first token of each sequence. A graph's
+    # zero-length slots after a batch that fills its bucket start at num_tokens: clamped, they read
+    # the last row, and their rows are never read back
+    return hidden[meta.cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)]
 
 
 def last_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -61,3 +61,14 @@ def test_triton_mean_matches_the_torch_path(hidden_size, dtype):
     assert got.dtype == torch.float32 and got.shape == (len(lengths), hidden_size)
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
     assert (got[torch.tensor(lengths) == 0] == 0).all()
+
+
+@pytest.mark.parametrize("method", ["mean", "cls", "last"])
+def test_a_zero_length_slot_after_a_full_bucket_pools_without_reading_past_the_tokens(method):
+    # a CUDA graph's layout when real sequences fill the token bucket exactly: the spare slot starts
+    # (and ends) at num_tokens; the real rows are unchanged and nothing indexes past the last token
+    full = AttentionMetadata.build(torch.tensor([0, 2, 3, 6, 6], dtype=torch.int32), max_seqlen=3)
+    alone = AttentionMetadata.build(torch.tensor([0, 2, 3, 6], dtype=torch.int32), max_seqlen=3)
+    pooled = Pooler(method, normalize=False)(HIDDEN, full)
+    assert pooled.shape == (4, 2)
+    torch.testing.assert_close(pooled[:3], Pooler(method, normalize=False)(HIDDEN, alone))

@@ -92,6 +92,8 @@ def reference_hidden(model, sequences, causal=True):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         valid[row, : len(ids)] = True
     encoder = model.model if hasattr(model, "model") else model
+    device = next(encoder.parameters()).device
+    input_ids, valid = input_ids.to(device), valid.to(device)
     # transformers reads `config.is_causal` (and each attention's flag when it skips the mask): set both,
     # and hand the bidirectional case a ready-made mask of the valid keys
     saved = getattr(encoder.config, "is_causal", True)
