@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
 from api.config import (
@@ -62,6 +64,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         type=int,
         help="engine replicas per model (default: one per visible GPU, one on CPU); more than one run as "
         "worker processes that large requests are split over",
+    )
+    serve.add_argument(
+        "--api-workers",
+        type=_at_least(1, int),
+        default=1,
+        help="gateway processes serving the port, so that JSON and tokenization use several cores; above 1 "
+        "the engines run as replica processes shared by all of them",
     )
     serve.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
     serve.add_argument(
@@ -149,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
         replicas=args.replicas,
+        api_workers=args.api_workers,
         bidirectional=args.bidirectional,
         max_model_len=args.max_model_len,
         max_batch_tokens=args.max_batch_tokens,
@@ -174,9 +184,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from engine.device import resolve_device
+    from engine.replicas import replica_count
+
+    try:
+        num_replicas = replica_count(config.replicas, resolve_device(config.device))
+        several_processes = config.api_workers > 1 or num_replicas > 1
+    except ValueError as error:
+        print(f"posy: cannot serve: {error}", file=sys.stderr)
+        return 2
+    shared_metrics = None
+    if several_processes:
+        # before prometheus_client is first imported, here and in every process spawned from here
+        shared_metrics = tempfile.mkdtemp(prefix="posy-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = shared_metrics
+    try:
+        return _serve(config)
+    finally:
+        if shared_metrics is not None:
+            shutil.rmtree(shared_metrics, ignore_errors=True)
+
+
+def _serve(config: ServerConfig) -> int:
     from api.app import create_app
     from api.drain import run_server
     from api.server import Server
+    from api.workers import GatewaySupervisor
     from engine.errors import EngineError
 
     server = Server(config)
@@ -185,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineError, ValueError) as error:
         print(f"posy: cannot serve: {error}", file=sys.stderr)
         return 2
+    if config.api_workers > 1:
+        return GatewaySupervisor(config).run()
     app = create_app(config, server)
     run_server(
         app, server, config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout

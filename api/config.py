@@ -34,6 +34,9 @@ class ServerConfig:
     # engine replicas per model: one runs in the server process, more run as worker processes the
     # gateway splits requests over; None: one per visible GPU, one on CPU
     replicas: int | None = None
+    # gateway processes sharing the port (JSON and tokenization on several cores); above 1 the engines
+    # always run as replica processes, which hold the queue limits for all gateways
+    api_workers: int = 1
     # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
     bidirectional: bool = False
     # caps every model's window (vLLM's --max-model-len); None: the model's own

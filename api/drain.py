@@ -38,8 +38,16 @@ class DrainingServer(uvicorn.Server):
 
 
 def run_server(
-    app, server: Server, host: str, port: int, log_level: str, grace_s: float, shutdown_timeout_s: float
+    app,
+    server: Server,
+    host: str,
+    port: int,
+    log_level: str,
+    grace_s: float,
+    shutdown_timeout_s: float,
+    sockets: list | None = None,
 ) -> None:
+    """Serve until drained; on `sockets` (listening already, shared with other gateways) where given."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -48,4 +56,4 @@ def run_server(
         access_log=False,
         timeout_graceful_shutdown=max(1, round(shutdown_timeout_s)),
     )
-    DrainingServer(config, server, grace_s).run()
+    DrainingServer(config, server, grace_s).run(sockets=sockets)

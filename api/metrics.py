@@ -1,11 +1,19 @@
-"""Prometheus metrics of one server: requests, latency, queued tokens and batch sizes."""
+"""Prometheus metrics of one server: requests, latency, queued tokens and batch sizes. A server of several
+processes (gateway workers, engine replicas) runs prometheus_client's multiprocess mode: the environment
+names a shared folder before prometheus_client is first imported, every process counts into its own
+files there, and any gateway's /metrics sums them all, so it shows the whole server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch
 
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 SEQUENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -15,34 +23,23 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
+        # this process's own view (model info, queued tokens: alike in every gateway)
         self.registry = CollectorRegistry()
+        self.shared_dir = os.environ.get(MULTIPROCESS_DIR)
+        # counters and histograms: in the shared files of a multi-process server, else here
+        counted = None if self.shared_dir else self.registry
         self.requests = Counter(
-            "posy_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
+            "posy_requests", "HTTP requests by route and status", ["route", "status"], registry=counted
         )
         self.latency = Histogram(
-            "posy_request_duration_seconds", "HTTP request latency", ["route"], registry=self.registry
+            "posy_request_duration_seconds", "HTTP request latency", ["route"], registry=counted
         )
         self.prompt_tokens = Counter(
-            "posy_prompt_tokens", "tokens sent to the models", ["model"], registry=self.registry
+            "posy_prompt_tokens", "tokens sent to the models", ["model"], registry=counted
         )
-        self.queued_tokens = Gauge(
-            "posy_queued_tokens", "tokens waiting in the engine queue", ["model"], registry=self.registry
-        )
-        self.batch_tokens = Histogram(
-            "posy_batch_tokens",
-            "tokens per engine batch",
-            ["model"],
-            buckets=TOKEN_BUCKETS,
-            registry=self.registry,
-        )
-        self.batch_sequences = Histogram(
-            "posy_batch_sequences",
-            "sequences per engine batch",
-            ["model"],
-            buckets=SEQUENCE_BUCKETS,
-            registry=self.registry,
-        )
-
+        self.batch_tokens, self.batch_sequences = batch_histograms(counted)
+        self._queues = _QueueCollector()
+        self.registry.register(self._queues)
         self.model_info = Info(
             "posy_model",
             "how each served model runs: architecture, task, device, dtype, attention backend, CUDA graphs",
@@ -56,17 +53,62 @@ class Metrics:
             self.latency.labels(route=route).observe(seconds)
 
     def batch_observer(self, model: str) -> Callable[[int, int], None]:
-        tokens = self.batch_tokens.labels(model=model)
-        sequences = self.batch_sequences.labels(model=model)
-
-        def observe(num_tokens: int, num_seqs: int) -> None:
-            tokens.observe(num_tokens)
-            sequences.observe(num_seqs)
-
-        return observe
+        return _observer(self.batch_tokens, self.batch_sequences, model)
 
     def track_queue(self, model: str, queued_tokens: Callable[[], int]) -> None:
-        self.queued_tokens.labels(model=model).set_function(queued_tokens)
+        self._queues.sources[model] = queued_tokens
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        shared = CollectorRegistry()
+        MultiProcessCollector(shared, path=self.shared_dir)
+        return generate_latest(shared) + generate_latest(self.registry)
+
+
+def batch_histograms(registry: CollectorRegistry | None) -> tuple[Histogram, Histogram]:
+    """Tokens and sequences per engine batch, by model."""
+    tokens = Histogram(
+        "posy_batch_tokens", "tokens per engine batch", ["model"], buckets=TOKEN_BUCKETS, registry=registry
+    )
+    sequences = Histogram(
+        "posy_batch_sequences",
+        "sequences per engine batch",
+        ["model"],
+        buckets=SEQUENCE_BUCKETS,
+        registry=registry,
+    )
+    return tokens, sequences
+
+
+def replica_batch_observer(model: str) -> Callable[[int, int], None] | None:
+    """In an engine replica process: its batches, counted into the shared files every gateway's /metrics
+    reads; None where the server runs in one process (nothing would read them)."""
+    if os.environ.get(MULTIPROCESS_DIR) is None:
+        return None
+    return _observer(*batch_histograms(None), model)
+
+
+def _observer(tokens: Histogram, sequences: Histogram, model: str) -> Callable[[int, int], None]:
+    tokens, sequences = tokens.labels(model=model), sequences.labels(model=model)
+
+    def observe(num_tokens: int, num_seqs: int) -> None:
+        tokens.observe(num_tokens)
+        sequences.observe(num_seqs)
+
+    return observe
+
+
+class _QueueCollector:
+    """posy_queued_tokens from each model's engine (or its replicas' last reports), read when scraped."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Callable[[], int]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "posy_queued_tokens", "tokens waiting in the engine queue", labels=["model"]
+        )
+        for model, queued_tokens in self.sources.items():
+            family.add_metric([model], queued_tokens())
+        yield family

@@ -1,14 +1,18 @@
-"""Server: what the app's lifespan owns — config, metrics, the served models and readiness."""
+"""Server: what the app's lifespan owns — config, metrics, the served models and readiness. It starts the
+models' engines itself (in process, or as replica processes), or, in a gateway worker of `--api-workers`,
+connects to replicas another process started (one ReplicaHandles per model)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from collections.abc import Sequence
 
 from api.config import ServerConfig
 from api.errors import NotReady
-from api.metrics import Metrics
+from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel
 from api.tokenize import TextEncoder
 from engine.build import build_engine
@@ -17,7 +21,7 @@ from engine.device import resolve_device, resolve_dtype
 from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
 from engine.replica_pool import ReplicaPool
-from engine.replicas import ReplicaSet
+from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +29,11 @@ BUNDLED_ALIAS = "all-MiniLM-L6-v2"
 
 
 class Server:
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, replicas: Sequence[ReplicaHandles] | None = None):
+        """`replicas`: per model, the replicas to run on (started elsewhere); None: start the engines."""
         self.config = config
+        self._remote = replicas
+        self._following = threading.Event()  # set to stop following the remote replicas' liveness
         self.metrics = Metrics()
         self._registry: ModelRegistry | None = None
         self._specs: list[ModelSpec] | None = None
@@ -68,7 +75,7 @@ class Server:
         served = []
         num_replicas = self.num_replicas(engine_config.device)
         for index, spec in enumerate(specs):
-            names = self._names(index, spec)
+            names = self.names(index, spec)
             engine = self._start_engine(index, spec, engine_config, num_replicas, names[0])
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
             self.metrics.model_info.labels(model=names[0]).info(
@@ -93,6 +100,7 @@ class Server:
 
     def stop(self) -> None:
         self.draining = True
+        self._following.set()
         if self._registry is not None:
             for model in self._registry.models:
                 model.engine.stop()
@@ -100,30 +108,34 @@ class Server:
             replica_set.stop()
 
     def num_replicas(self, device: str) -> int:
-        if self.config.replicas is not None:
-            if self.config.replicas < 1:
-                raise ValueError(f"--replicas must be at least 1, not {self.config.replicas}")
-            return self.config.replicas
-        if device.startswith("cuda") and ":" not in device:
-            import torch
+        return replica_count(self.config.replicas, device)
 
-            return max(1, torch.cuda.device_count())
-        return 1
+    def start_replicas(self, index: int, spec: ModelSpec, engine_config: EngineConfig, num_replicas: int):
+        """Model `index`'s engine replica processes, warm; this server stops them."""
+        config = self.config
+        replica_set = ReplicaSet(
+            config.models[index], num_replicas, engine_config, config.bidirectional, config.max_model_len,
+            config.log_level, metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
+        )  # fmt: skip
+        self._replica_sets.append(replica_set)
+        replica_set.start()
+        return replica_set
 
     def _start_engine(
         self, index: int, spec: ModelSpec, engine_config: EngineConfig, num_replicas: int, name: str
     ) -> Engine | ReplicaPool:
-        """One replica runs in this process; more run as worker processes behind a ReplicaPool."""
+        """One replica runs in this process; more run as worker processes behind a ReplicaPool; a gateway
+        worker connects to the replicas it was handed."""
+        if self._remote is not None:
+            handles = self._remote[index]
+            pool = handles.pool()
+            threading.Thread(
+                target=handles.follow, args=(pool, self._following), name="posy-liveness", daemon=True
+            ).start()
+            return pool
         if num_replicas == 1:
             return build_engine(spec, engine_config, self.metrics.batch_observer(name))
-        config = self.config
-        replica_set = ReplicaSet(
-            config.models[index], num_replicas, engine_config, config.bidirectional, config.max_model_len,
-            config.log_level,
-        )  # fmt: skip
-        self._replica_sets.append(replica_set)
-        replica_set.start()
-        return replica_set.pool
+        return self.start_replicas(index, spec, engine_config, num_replicas).pool
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
         spec = resolve_model(model, bidirectional=self.config.bidirectional)
@@ -150,7 +162,7 @@ class Server:
         engine_config.check(max_window)
         return engine_config
 
-    def _names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
+    def names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
         given = self.config.served_model_names
         if given and len(self.config.models) == 1:
             return tuple(name for names in given for name in names)

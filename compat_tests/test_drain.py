@@ -1,6 +1,7 @@
-"""SIGTERM under load on a live `python -m api serve`: /ready turns 503 at once and new work gets 503
-during the grace period, the admitted request finishes with all its vectors, and the process exits 0
-within the grace period plus the shutdown timeout."""
+"""SIGTERM under load on a live `python -m api serve`, in one process and with two gateway processes over
+two engine replicas: /ready turns 503 at once and new work gets 503 during the grace period, the admitted
+request finishes with all its vectors, and the server exits 0 within the grace period plus the shutdown
+timeout, leaving no process behind."""
 
 import signal
 import subprocess
@@ -9,6 +10,9 @@ import threading
 import time
 
 import httpx
+import pytest
+
+from benchmarks.gateway import children
 
 from .conftest import REPO_ROOT, free_port, server_env
 
@@ -29,17 +33,21 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
     raise AssertionError("the server did not become ready")
 
 
-def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path):
+@pytest.mark.parametrize(
+    "flags", [(), ("--api-workers", "2", "--replicas", "2")], ids=["one-process", "two-gateways"]
+)
+def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
         sys.executable, "-m", "api", "serve", "--port", str(port), "--device", "cpu",
-        "--drain-grace", str(GRACE_S), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+        "--drain-grace", str(GRACE_S), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *flags,
     ]  # fmt: skip
     log = (tmp_path / "server.log").open("wb")
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(url, process)
+        helpers = children(process.pid)
         texts = [f"admitted text {index} " + "about cats and dogs " * 20 for index in range(1500)]
         admitted: dict = {}
 
@@ -62,8 +70,21 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path):
         assert admitted.get("status") == 200, admitted
         assert len(admitted["body"]["data"]) == len(texts)
         assert process.wait(timeout=SHUTDOWN_TIMEOUT_S + GRACE_S + 10) == 0
+        deadline = time.monotonic() + 10  # multiprocessing's resource tracker follows its parent shortly
+        while [pid for pid in helpers if alive(pid)]:
+            assert time.monotonic() < deadline, "a gateway or replica process outlived the server"
+            time.sleep(0.2)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         log.close()
+
+
+def alive(pid: int) -> bool:
+    """Running (an exited process waiting for its new parent to reap it does not count)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -29,6 +30,9 @@ class ReplicaConfig:
     max_model_len: int | None = None
     log_level: str = "info"
     num_threads: int | None = None  # torch's CPU threads; None: torch's default
+    metrics_model: str | None = None  # the model's name in the server's metrics
+    # metrics_model -> the engine's on_batch callback (or None); a module-level function
+    batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None
 
 
 def replica_main(config: ReplicaConfig, ready, description) -> None:
@@ -49,7 +53,10 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     spec = resolve_model(config.model, bidirectional=config.bidirectional)
     if config.max_model_len is not None:
         spec = dataclasses.replace(spec, max_seq_length=min(spec.max_seq_length, config.max_model_len))
-    engine = build_engine(spec, config.engine)
+    on_batch = None
+    if config.batch_observer is not None and config.metrics_model is not None:
+        on_batch = config.batch_observer(config.metrics_model)
+    engine = build_engine(spec, config.engine, on_batch)
     description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
     try:
         asyncio.run(serve(engine, config.endpoint, ready))

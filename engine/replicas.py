@@ -1,6 +1,7 @@
 """ReplicaSet: starts one engine replica process per slot (spread over the GPUs, or sharing the CPU cores),
 waits until each is warm, restarts any that dies, and stops them all. Its ReplicaPool is what the gateway
-runs requests through."""
+runs requests through; gateways in other processes (`--api-workers`) reach the same replicas through
+ReplicaHandles, and learn of deaths and restarts from each replica's liveness in shared memory."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
@@ -24,6 +28,20 @@ READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine 
 WATCH_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 30.0
 DESCRIPTION_BYTES = 512
+LIVENESS_POLL_S = 0.05
+
+
+def replica_count(replicas: int | None, device: str) -> int:
+    """--replicas, or by default one per visible GPU (one on the CPU or on a named GPU)."""
+    if replicas is not None:
+        if replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, not {replicas}")
+        return replicas
+    if device.startswith("cuda") and ":" not in device:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return 1
 
 
 class ReplicaStartError(EngineError):
@@ -39,7 +57,11 @@ class ReplicaSet:
         bidirectional: bool = False,
         max_model_len: int | None = None,
         log_level: str = "info",
+        metrics_model: str | None = None,
+        batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None,
     ):
+        """`batch_observer(metrics_model)`, called in each replica process (a module-level function, so
+        that it reaches the spawned process), gives the engine's on_batch callback, or None."""
         if num_replicas < 1:
             raise ValueError("a replica set needs at least one replica")
         self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked CUDA state
@@ -53,6 +75,8 @@ class ReplicaSet:
                 max_model_len=max_model_len,
                 log_level=log_level,
                 num_threads=_threads(engine_config.device, num_replicas),
+                metrics_model=metrics_model,
+                batch_observer=batch_observer,
             )
             for index in range(num_replicas)
         ]
@@ -64,6 +88,10 @@ class ReplicaSet:
         self.processes: list = [None] * num_replicas
         self._descriptions: list = [None] * num_replicas
         self.num_restarts = [0] * num_replicas
+        # per replica: alive (0 or 1), then its generation (restarts so far); read by other processes
+        self.liveness = self._context.Array("q", 2 * num_replicas)
+        for index in range(num_replicas):
+            self.liveness[2 * index] = 1
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -75,6 +103,16 @@ class ReplicaSet:
         self.pool.description = json.loads(self._descriptions[0].value.decode())
         self._watcher = threading.Thread(target=self._watch, name="posy-replicas", daemon=True)
         self._watcher.start()
+
+    def handles(self) -> ReplicaHandles:
+        """What a gateway in another process needs to run requests on these (started) replicas."""
+        return ReplicaHandles(
+            endpoints=tuple(config.endpoint for config in self.configs),
+            description=dict(self.pool.description),
+            chunk_tokens=self.pool.chunk_tokens,
+            max_sequence_tokens=self.pool.max_sequence_tokens,
+            liveness=self.liveness,
+        )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -123,13 +161,46 @@ class ReplicaSet:
                 logger.error("engine replica %d exited with code %s: restarting it", index, process.exitcode)
                 self.pool.replica_died(index)
                 self.num_restarts[index] += 1
+                self.liveness[2 * index], self.liveness[2 * index + 1] = 0, self.num_restarts[index]
                 try:
                     self._wait_ready(index, self._spawn(index))
                 except ReplicaStartError:
                     logger.exception("engine replica %d did not come back; trying again", index)
                     continue
                 self.pool.replica_back(index)
+                self.liveness[2 * index] = 1
                 logger.info("engine replica %d is back", index)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHandles:
+    """A started ReplicaSet as a gateway in another process sees it (picklable into a spawned process)."""
+
+    endpoints: tuple[str, ...]
+    description: dict[str, str]
+    chunk_tokens: int
+    max_sequence_tokens: int
+    liveness: Any  # the ReplicaSet's shared array: per replica, alive and generation
+
+    def pool(self) -> ReplicaPool:
+        pool = ReplicaPool(self.endpoints, self.chunk_tokens, self.max_sequence_tokens)
+        pool.description = dict(self.description)
+        return pool
+
+    def follow(self, pool: ReplicaPool, stop: threading.Event) -> None:
+        """Until `stop`: tell `pool` of every death and return of a replica (a thread's loop). A replica
+        that died and came back between two looks still counts as died: its chunks were lost."""
+        seen = [(1, 0)] * len(self.endpoints)  # as the pool starts: all alive, none restarted
+        while not stop.wait(LIVENESS_POLL_S):
+            for index, (was_alive, generation) in enumerate(seen):
+                now = (self.liveness[2 * index], self.liveness[2 * index + 1])
+                if now == (was_alive, generation):
+                    continue
+                if not now[0] or now[1] != generation:
+                    pool.replica_died(index)
+                if now[0]:
+                    pool.replica_back(index)
+                seen[index] = now
 
 
 def _device(device: str, index: int) -> str:

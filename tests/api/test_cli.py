@@ -161,3 +161,24 @@ def test_request_limits_flags_defaults_and_environment_twins():
     for argv in (["--max-request-tokens", "0"], ["--request-timeout", "-1"], ["--max-request-tokens", "x"]):
         with pytest.raises(SystemExit):
             parse(["serve", *argv])
+
+
+def test_api_workers_flag_default_and_environment_twin():
+    assert parse(["serve"]).api_workers == 1
+    assert parse(["serve", "--api-workers", "4"]).api_workers == 4
+    assert parse(["serve"], {"POSY_API_WORKERS": "3"}).api_workers == 3
+    with pytest.raises(SystemExit):
+        parse(["serve", "--api-workers", "0"])
+
+
+def test_api_workers_on_a_taken_port_fail_before_loading_anything():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "api", "serve", "--api-workers", "2", "--device", "cpu"]
+        result = subprocess.run(
+            [*command, "--port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 1
+    assert "cannot listen" in result.stderr and "spawn_main" not in result.stderr
