@@ -1,37 +1,49 @@
-"""`python -m benchmarks.profile`: where a BERT-base-shaped engine step spends its time, at batch 1 x 128
-and at a full 16k-token batch: the host's share (pack, step, wait), a graph replay alone, and every
+"""`python -m benchmarks.profile [bert-base|qwen3-0.6b] [BACKEND]`: where an engine step spends its time,
+on the BERT-base shape at batch 1 x 128 and at a full 16k-token batch, or on the Qwen3-0.6B shape at one
+4096-token text: the host's share (pack, step, wait), a graph replay alone, and every
 GPU kernel and copy of one step (count, summed time)."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.checkpoints import save_bert
+    from benchmarks.checkpoints import save_bert, save_qwen3
     from benchmarks.engine import random_sequences
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
     from engine.loader import resolve_model
 
-    checkpoint = save_bert(Path(tempfile.mkdtemp()), "bert-base")
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=16384, max_queue_tokens=2**20)
+    shape = argv[0] if argv else "bert-base"
+    backend = argv[1] if len(argv) > 1 else "auto"
+    if shape == "qwen3-0.6b":
+        checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
+        cases = {"1x4096": random_sequences([4096], 1)}
+    else:
+        checkpoint = save_bert(Path(tempfile.mkdtemp()), shape)
+        cases = {"batch1x128": random_sequences([128], 1), "full-50tok": random_sequences([50] * 327, 2)}
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=16384,
+        max_queue_tokens=2**20,
+    )  # fmt: skip
     engine = build_engine(resolve_model(str(checkpoint.folder)), config)
+    print(f"{shape}: attention backend {engine.attention_backend}")
     runner = engine.runner
-    cases = {"batch1x128": random_sequences([128], 1), "full-50tok": random_sequences([50] * 327, 2)}
     try:
         for name, sequences in cases.items():
             for _ in range(4):
                 runner.step(pack(sequences)).result()
             host = []
-            for _ in range(200):
+            for _ in range(50 if shape == "qwen3-0.6b" else 200):
                 start = time.perf_counter()
                 batch = pack(sequences)
                 packed = time.perf_counter()
@@ -72,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
