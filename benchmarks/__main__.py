@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "throughput": "benchmarks.throughput",
     "concurrency": "benchmarks.concurrency",
     "gateway": "benchmarks.gateway",
+    "scaling": "benchmarks.scaling",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

@@ -89,8 +89,8 @@ def check_parity(url: str, baseline: Baseline, texts: list[str], context: RunCon
     return records, failures
 
 
-def level_records(context: RunContext, level: int, load: LoadResult) -> list:
-    case = f"clients-{level}"
+def level_records(context: RunContext, level: int, load: LoadResult, case: str | None = None) -> list:
+    case = case or f"clients-{level}"
     p50, p99 = load.latency_ms(50), load.latency_ms(99)
     print(
         f"{case}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, {load.requests_per_s:.1f} requests/s, "

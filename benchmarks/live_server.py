@@ -64,12 +64,17 @@ def serve(model: Path | None, *flags: str) -> Iterator[str]:
 
 def served_backend(url: str) -> str:
     """The attention backend the server's (first) model runs, from its `posy_model_info` metric."""
+    return served_info(url, "attention_backend")
+
+
+def served_info(url: str, label: str) -> str:
+    """A label of the server's (first) `posy_model_info` metric: attention_backend, replicas, ..."""
     import re
 
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
-    found = re.search(r'posy_model_info\{[^}]*attention_backend="([^"]+)"', text)
+    found = re.search(rf'posy_model_info\{{[^}}]*\b{label}="([^"]+)"', text)
     return found.group(1) if found else "unknown"
 
 
@@ -83,10 +88,12 @@ def _ready(client, url: str) -> bool:
 
 
 @contextmanager
-def serve_random_bert(suite: str, shape: str, device: str, dtype: str, backend: str, served_name: str):
-    """The HTTP suites' setup: a random-weight BERT of `shape`, its fp32 baseline, a ready server for it,
-    and the suite's RunContext carrying the attention backend the server chose. Yields (url, baseline,
-    context)."""
+def serve_random_bert(
+    suite: str, shape: str, device: str, dtype: str, backend: str, served_name: str, *extra_flags: str
+):
+    """The HTTP suites' setup: a random-weight BERT of `shape` (seeded: the same weights every time), its
+    fp32 baseline, a ready server for it started with `extra_flags` besides the suites' own, and the suite's
+    RunContext carrying the attention backend the server chose. Yields (url, baseline, context)."""
     import dataclasses
 
     import torch
@@ -105,6 +112,7 @@ def serve_random_bert(suite: str, shape: str, device: str, dtype: str, backend: 
         backend,
         "--served-model-name",
         served_name,
+        *extra_flags,
     )
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = save_bert(Path(folder), shape)

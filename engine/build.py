@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 
 def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver | None = None) -> Engine:
     device = torch.device(config.device)
+    if device.type == "cuda" and device.index is not None:
+        # the current device is per thread and starts at cuda:0: a replica on cuda:1 would load, warm
+        # up and capture its graphs on the wrong one (the engine's thread sets it again)
+        torch.cuda.set_device(device)
     hf_config = spec.hf_config
     num_heads = hf_config.num_attention_heads
     # a model with sliding-window layers (ModernBERT) needs a backend that takes a window

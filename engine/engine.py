@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from engine.batch import pack
 from engine.config import EngineConfig
@@ -118,6 +119,9 @@ class Engine:
         return await request.future
 
     def _loop(self) -> None:
+        device = self.runner.device
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # this thread's current device starts at cuda:0
         in_flight: _InFlight | None = None
         while True:
             # with a batch on the device, do not wait for new work: finish that batch instead
