@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call: `bash benchmarks/gpu_run.sh COMMIT STAGE...` from the project root, after
-# `source .gpu/preamble.sh`. Stages: tests (pytest -m gpu over POSY_GPU_TESTS, default tests), profile, and any suite of
+# `source .gpu/preamble.sh`. Stages: tests (pytest -m gpu over POSY_GPU_TESTS, default tests), profile
+# (benchmarks.profile with POSY_PROFILE_ARGS), and any suite of
 # `python -m benchmarks` (engine, qwen3, all, ...). Each stage is time-boxed by POSY_STAGE_TIMEOUT
 # (seconds, default 300) so that one hung stage cannot take the call's results with it. Logs and the
 # appended result records are written under $OUT (results.tgz holds benchmarks/results).
@@ -18,7 +19,7 @@ for stage in "$@"; do
     # the GPU machine lacks the test extra's schemathesis; compat_tests hold no GPU test
     tests) timeout "$limit" python -m pytest -m gpu ${POSY_GPU_TESTS:-tests} -q -rfE -p no:cacheprovider \
       --ignore=tests/api/test_openapi.py --timeout 180 2>&1 | tee "$out/pytest.log" ;;
-    profile) timeout "$limit" python -m benchmarks.profile 2>&1 | tee "$out/profile.txt" ;;
+    profile) timeout "$limit" python -m benchmarks.profile ${POSY_PROFILE_ARGS:-} 2>&1 | tee "$out/profile.txt" ;;
     *) timeout "$limit" python -m benchmarks "$stage" 2>&1 | tee "$out/bench-$stage.log" ;;
   esac
   echo "== stage $stage: rc ${PIPESTATUS[0]}, $(($(date +%s) - started)) s" | tee -a "$out/stages.txt"
