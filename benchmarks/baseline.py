@@ -20,12 +20,24 @@ class Baseline:
         self.checkpoint = checkpoint
         self.device = device
         self.batch_size = batch_size
-        self.model = checkpoint.reference.to(device, dtype).eval()
+        # loaded in `dtype` as sentence-transformers loads it (not the shared reference cast in place: a
+        # cast rounds the rotary frequencies too, which from_pretrained keeps in float32)
+        architecture = type(checkpoint.reference)
+        self.model = architecture.from_pretrained(checkpoint.folder, dtype=dtype).to(device).eval()
         self.tokenizer = Tokenizer.from_file(str(checkpoint.folder / "tokenizer.json"))
         self.judge_ids = [self.tokenizer.token_to_id(token) for token in JUDGE_TOKENS]
 
     def to(self, dtype) -> Baseline:
+        """The same weights computed in `dtype`; rotary frequencies stay float32, as loading gives them."""
+        import torch
+
+        kept = {name: buffer for name, buffer in self.model.named_buffers() if name.endswith("inv_freq")}
         self.model.to(dtype)
+        for name, buffer in kept.items():
+            module_name, _, buffer_name = name.rpartition(".")
+            self.model.get_submodule(module_name).register_buffer(
+                buffer_name, buffer.to(torch.float32), persistent=False
+            )
         return self
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
