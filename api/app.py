@@ -23,6 +23,7 @@ from api.routes.models import list_models
 from api.routes.rerank import rerank_v1, rerank_v2
 from api.routes.tei import rerank_tei
 from api.server import Server
+from engine.passing_thread import await_in_passing_thread
 
 # every other route needs the API key when one is set, /metrics and /openapi.json included
 OPEN_PATHS = ("/health", "/ready")
@@ -33,7 +34,8 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        await asyncio.to_thread(server.load)
+        # a thread of its own, not a pooled one: see engine/passing_thread.py
+        await await_in_passing_thread(server.load)
         try:
             yield
         finally:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
+from engine.passing_thread import run_in_passing_thread
 from engine.replica_protocol import Cancel, Failure, Result, Run, encoder, replica_decoder
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     on_batch = None
     if config.batch_observer is not None and config.metrics_model is not None:
         on_batch = config.batch_observer(config.metrics_model)
-    engine = build_engine(spec, config.engine, on_batch)
+    # in a thread that exits: this main thread would otherwise slow the engine's CPU steps
+    engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
     description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
     try:
         asyncio.run(serve(engine, config.endpoint, ready))
