@@ -71,7 +71,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from benchmarks.live_server import serve
 
     smoke = getattr(options, "smoke", False)
-    seconds = 2.0 if smoke else 20.0
+    seconds = 2.0 if smoke else 60.0
     device = "cpu"  # the gateway's figures; the GPU suites measure the engine
     flags = ("--replicas", "2", "--device", device, "--max-batch-tokens", "2048")
     context = RunContext(suite=options.suite, model=MODEL, gpu=None, backend="torch")
