@@ -5,7 +5,6 @@ failed over by both gateways (every response correct or a 503, none hangs) and c
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gateway import children, replica_pids
-from compat_tests.test_replicas_load import LOAD_SECONDS, check_correct, client_loop, run_clients
+from compat_tests.test_replicas_load import LOAD_SECONDS, check_correct, kill_under_load, run_clients
 
 FLAGS = ("--api-workers", "2", "--replicas", "2", "--device", "cpu", "--max-batch-tokens", "2048")
 RESTART_TIMEOUT_S = 60.0
@@ -114,20 +113,7 @@ def test_a_replica_killed_under_load_is_failed_over_by_every_gateway(gateways, r
     assert len(replicas) == 2, replicas
     victim = min(replicas)
 
-    async def main():
-        outcomes: list = []
-        clients = [
-            asyncio.create_task(
-                client_loop(gateways.url, LOAD_SECONDS, np.random.default_rng(seed), outcomes)
-            )
-            for seed in range(32)
-        ]
-        await asyncio.sleep(LOAD_SECONDS / 3)
-        os.kill(victim, signal.SIGKILL)
-        await asyncio.gather(*clients)
-        return outcomes
-
-    outcomes = asyncio.run(main())
+    outcomes = kill_under_load(gateways.url, victim)
     assert {status for status, *_ in outcomes} <= {200, 503}
     check_correct(outcomes, reference)
     deadline = time.monotonic() + RESTART_TIMEOUT_S
