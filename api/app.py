@@ -17,11 +17,13 @@ from api.config import ServerConfig
 from api.errors import Unauthorized, error_response, request_id_of
 from api.guard import ARRIVED
 from api.openapi import openapi_config
+from api.routes.cohere_embed import embed_v2
 from api.routes.embeddings import create_embeddings
 from api.routes.health import health, metrics, ready
 from api.routes.models import list_models
 from api.routes.rerank import rerank_v1, rerank_v2
-from api.routes.tei import rerank_tei
+from api.routes.score import score
+from api.routes.tei import embed_tei, info_tei, rerank_tei, tokenize_tei
 from api.server import Server
 from engine.passing_thread import await_in_passing_thread
 
@@ -63,10 +65,15 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             create_embeddings,
+            embed_v2,
             list_models,
             rerank_v1,
             rerank_v2,
+            score,
             rerank_tei,
+            embed_tei,
+            tokenize_tei,
+            info_tei,
             health,
             ready,
             metrics,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 
 from api.errors import InvalidInput
+from api.quantize import base64_rows
 
 
 def check_dimensions(dimensions: int | None, model_dimensions: int) -> None:
@@ -28,7 +27,4 @@ def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarr
 
 
 def encode_vectors(vectors: np.ndarray, encoding_format: str) -> list[list[float]] | list[str]:
-    if encoding_format == "base64":
-        little_endian = vectors.astype("<f4", copy=False)
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in little_endian]
-    return vectors.tolist()
+    return base64_rows(vectors) if encoding_format == "base64" else vectors.tolist()

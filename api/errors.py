@@ -106,8 +106,11 @@ class ApiShape(Enum):
     TEI = "tei"
 
 
+TEI_PATHS = frozenset({"/embed", "/rerank", "/tokenize", "/info"})
+
+
 def shape_of(path: str) -> ApiShape:
-    if path == "/rerank":
+    if path in TEI_PATHS:
         return ApiShape.TEI
     if path.startswith(("/v1/rerank", "/v2/")):
         return ApiShape.COHERE

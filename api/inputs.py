@@ -43,3 +43,12 @@ def normalize_input(value: EmbeddingInput, max_inputs: int) -> Inputs:
     if len(inputs) > max_inputs:
         raise InvalidInput(f"input has {len(inputs)} items, more than the limit of {max_inputs}", "input")
     return inputs
+
+
+def check_texts(texts: list[str], max_inputs: int, param: str) -> None:
+    """A list of texts (Cohere's and TEI's inputs): none empty, at most `max_inputs`."""
+    if len(texts) > max_inputs:
+        raise InvalidInput(f"{param} has {len(texts)} items, more than the limit of {max_inputs}", param)
+    for index, text in enumerate(texts):
+        if not text:
+            raise InvalidInput(f"{param}[{index}] is an empty string", param)

@@ -20,7 +20,7 @@ def openapi_config() -> OpenAPIConfig:
     """The schema at /openapi.json only: no documentation pages, nothing else under that path."""
     return OpenAPIConfig(
         title="posy",
-        version=_version(),
+        version=package_version(),
         openapi_router=Router(SCHEMA_PATH, route_handlers=[], include_in_schema=False),
         render_plugins=[_WithRequestBodies()],
     )
@@ -61,7 +61,7 @@ def with_request_bodies(app: Litestar, openapi_schema: dict[str, Any]) -> dict[s
     return schema
 
 
-def _version() -> str:
+def package_version() -> str:
     try:
         return metadata.version("posy")
     except metadata.PackageNotFoundError:  # run from a checkout (python -m api) without installing

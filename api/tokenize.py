@@ -31,9 +31,12 @@ class TextEncoder:
             for encoding in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         ]
 
-    def encode(self, texts: Sequence[str], max_tokens: int | None, truncate: bool) -> list[list[int]]:
+    def encode(
+        self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False
+    ) -> list[list[int]]:
         """Texts -> model inputs with special tokens; longer than `max_tokens` (the window when None)
-        is an InputTooLong unless `truncate`, which keeps the start and the closing specials."""
+        is an InputTooLong unless `truncate`, which keeps the start (or with `keep_end` the end) of the
+        text and the special tokens."""
         limit = max_tokens or self.window
         room = limit - self.single.num_special_tokens
         if room < 1:
@@ -43,7 +46,7 @@ class TextEncoder:
             if len(ids) > room:
                 if not truncate:
                     raise InputTooLong(index, len(ids) + self.single.num_special_tokens, limit)
-                ids = ids[:room]
+                ids = ids[len(ids) - room :] if keep_end else ids[:room]
             sequences.append(self.single.apply(ids))
         return sequences
 

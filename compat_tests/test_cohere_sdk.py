@@ -1,8 +1,12 @@
-"""The official cohere SDK (Client for v1, ClientV2 for v2) against a live server's rerank routes."""
+"""The official cohere SDK (Client for v1, ClientV2 for v2) against a live server's rerank routes and
+/v2/embed."""
 
 from __future__ import annotations
 
+import base64
+
 import cohere
+import numpy as np
 import pytest
 from cohere.core.api_error import ApiError
 
@@ -220,3 +224,22 @@ def test_legacy_and_unknown_fields_are_accepted(http):
     response = http.post("/v1/rerank", json=v1_without_model)
     assert response.status_code == 200, response.text
     assert response.json()["results"][0]["index"] == 0
+
+
+def test_v2_embed_by_type_gives_the_openai_routes_vectors(co_v2, embed):
+    response = co_v2.embed(
+        model=MODEL, input_type="search_document", texts=DOCS,
+        embedding_types=["float", "int8", "ubinary", "base64"],
+    )  # fmt: skip
+    floats = np.array(response.embeddings.float_, dtype=np.float32)
+    np.testing.assert_allclose(floats, embed(DOCS), rtol=0, atol=1e-6)
+    int8 = np.array(response.embeddings.int8)
+    assert int8.shape == floats.shape and (np.abs(int8).max(axis=1) == 127).all()
+    ubinary = np.array(response.embeddings.ubinary, dtype=np.uint8)
+    assert (np.unpackbits(ubinary, axis=1) == (floats > 0)).all()
+    decoded = [np.frombuffer(base64.b64decode(row), dtype="<f4") for row in response.embeddings.base64]
+    assert np.array_equal(np.stack(decoded), floats)
+    assert response.meta.billed_units.input_tokens > len(DOCS)
+    query = co_v2.embed(model=MODEL, input_type="search_query", texts=[QUERY], embedding_types=["float"])
+    scores = floats @ np.array(query.embeddings.float_[0], dtype=np.float32)
+    assert int(np.argmax(scores)) == 0  # Paris

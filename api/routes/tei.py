@@ -1,19 +1,61 @@
-"""POST /rerank in text-embeddings-inference's shape: a bare list of {index, score[, text]}."""
+"""text-embeddings-inference's routes: POST /embed (a bare list of vectors), /rerank (a bare list of
+{index, score[, text]}), /tokenize, and GET /info. Errors come in TEI's shape (api/errors.py)."""
 
 from __future__ import annotations
 
-from litestar import Request, post
+import asyncio
+
+import numpy as np
+from litestar import Request, get, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
+from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
-from api.models import RERANK
+from api.inputs import check_texts
+from api.models import EMBED, RERANK
+from api.openapi import package_version
+from api.prompts import select_prompt
+from api.routes.embeddings import INLINE_TOKENIZE_CHARS
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
+from api.schemas.tei import TeiEmbedRequest, TeiInfo, TeiToken, TeiTokenizeRequest
 from api.server import Server
 from scoring.rerank import RerankOptions
+
+
+@post("/embed", status_code=200, request_body=TeiEmbedRequest)
+async def embed_tei(request: Request, server: NamedDependency[Server]) -> list[list[float]]:
+    data = await decode_body(request, TeiEmbedRequest)
+    model = server.registry().get(None, EMBED)
+    spec, encoder = model.spec, model.encoder
+    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
+    if not texts:
+        raise InvalidInput("inputs must not be empty", "inputs")
+    check_texts(texts, server.config.max_inputs, "inputs")
+    check_dimensions(data.dimensions, spec.output_dim)
+    if not data.normalize and spec.normalize:
+        raise InvalidInput(
+            "normalize=false is not available for this model: its own pipeline normalizes the vectors "
+            "inside the engine",
+            "normalize",
+        )
+    prompt = select_prompt(spec.prompts, None, data.prompt_name, spec.default_prompt_name)
+    texts = [prompt + text for text in texts] if prompt else texts
+    truncate = server.config.auto_truncate if data.truncate is None else data.truncate
+    keep_end = data.truncation_direction == "Left"
+    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+        sequences = await asyncio.to_thread(encoder.encode, texts, None, truncate, keep_end)
+    else:
+        sequences = encoder.encode(texts, None, truncate, keep_end)
+    guard = RequestGuard(model.engine, request, server.config)
+    vectors = await guard.run(sequences)
+    server.metrics.prompt_tokens.labels(model=model.name).inc(sum(map(len, sequences)))
+    if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return truncate_dimensions(vectors, data.dimensions).tolist()
 
 
 @post("/rerank", status_code=200, request_body=TeiRerankRequest)
@@ -36,3 +78,50 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[
         TeiRank(index=index, score=float(scores[index]), text=data.texts[index] if data.return_text else None)
         for index in ranking(scores, None)
     ]
+
+
+@post("/tokenize", status_code=200, request_body=TeiTokenizeRequest)
+async def tokenize_tei(request: Request, server: NamedDependency[Server]) -> list[list[TeiToken]]:
+    data = await decode_body(request, TeiTokenizeRequest)
+    model = server.registry().models[0]
+    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
+    if not texts:
+        raise InvalidInput("inputs must not be empty", "inputs")
+    check_texts(texts, server.config.max_inputs, "inputs")
+    spec = model.spec
+    prompt = select_prompt(spec.prompts, None, data.prompt_name, None) if data.prompt_name else ""
+    texts = [prompt + text for text in texts]
+    encodings = model.encoder.tokenizer.encode_batch(texts, add_special_tokens=data.add_special_tokens)
+    return [
+        [
+            TeiToken(id=token_id, text=token, special=True, start=None, stop=None)
+            if special
+            else TeiToken(id=token_id, text=text[start:stop], special=False, start=start, stop=stop)
+            for token_id, token, special, (start, stop) in zip(
+                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets
+            )
+        ]
+        for text, encoding in zip(texts, encodings)
+    ]
+
+
+@get("/info", sync_to_thread=False)
+def info_tei(server: NamedDependency[Server]) -> TeiInfo:
+    model = server.registry().models[0]
+    spec = model.spec
+    if spec.task == "embed":
+        model_type = {"embedding": {"pooling": spec.pooling}}
+    else:
+        labels = {str(index): f"LABEL_{index}" for index in range(spec.num_labels or 1)}
+        model_type = {"reranker": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
+    engine_config = server.engine_config(spec.max_seq_length)
+    return TeiInfo(
+        model_id=model.name,
+        model_dtype=engine_config.dtype,
+        model_type=model_type,
+        max_input_length=spec.max_seq_length,
+        max_batch_tokens=engine_config.max_batch_tokens,
+        max_client_batch_size=server.config.max_inputs,
+        auto_truncate=server.config.auto_truncate,
+        version=package_version(),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -65,3 +65,46 @@ class TeiRank(msgspec.Struct, omit_defaults=True):
     index: int
     score: float
     text: str | None = None
+
+
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+
+
+class EmbedRequest(msgspec.Struct, kw_only=True):
+    """Cohere's /v2/embed, texts only."""
+
+    texts: list[str] | None = None
+    model: str | None = None
+    input_type: str | None = None
+    embedding_types: list[EmbeddingType] | None = None  # None: ["float"]
+    truncate: Literal["NONE", "START", "END"] = "END"
+    output_dimension: int | None = None
+    max_tokens: int | None = None
+    images: list[str] | None = None
+    inputs: list[Any] | None = None
+
+
+class EmbeddingsByType(msgspec.Struct, omit_defaults=True, rename={"float_": "float"}):
+    float_: list[list[float]] | None = None
+    int8: list[list[int]] | None = None
+    uint8: list[list[int]] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+    base64: list[str] | None = None
+
+
+class EmbedBilledUnits(msgspec.Struct):
+    input_tokens: int
+
+
+class EmbedMeta(msgspec.Struct):
+    api_version: ApiVersion
+    billed_units: EmbedBilledUnits
+
+
+class EmbedResponse(msgspec.Struct):
+    id: str
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    meta: EmbedMeta
+    response_type: str = "embeddings_by_type"

@@ -22,6 +22,12 @@ ROUTES = {
     "/v1/rerank": ("POST", {"query": "q", "documents": ["d"]}, "cohere"),
     "/v2/rerank": ("POST", {"query": "q", "documents": ["d"]}, "cohere"),
     "/rerank": ("POST", {"query": "q", "texts": ["d"]}, "tei"),
+    "/v2/embed": ("POST", {"texts": ["x"]}, "cohere"),
+    "/embed": ("POST", {"inputs": "x"}, "tei"),
+    "/tokenize": ("POST", {"inputs": "x"}, "tei"),
+    "/info": ("GET", None, "tei"),
+    "/score": ("POST", {"text_1": "q", "text_2": "d"}, "openai"),
+    "/v1/score": ("POST", {"text_1": "q", "text_2": "d"}, "openai"),
 }
 WRONG = {
     "no header": {},

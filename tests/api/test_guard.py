@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from litestar.testing import TestClient
 
 from api.app import create_app
@@ -106,6 +107,8 @@ class Rows:
 
 class GatedRunner:
     """Holds the engine's worker in step() until the gate opens; records the ids of every batch."""
+
+    device = torch.device("cpu")
 
     def __init__(self):
         self.gate = threading.Event()

@@ -1,0 +1,53 @@
+"""Cohere's embedding types, from posy's float32 vectors; what each one means here (the tests hold it):
+
+- float: the vectors as they are (unit length where the model normalizes).
+- int8: per vector, round(127 * x / max|x|): the largest component is +-127, the rest in proportion,
+  so cosine similarity survives up to rounding (error at most 0.5 / 127 of the largest component).
+- uint8: int8 + 128, in [1, 255].
+- binary: one bit per dimension, 1 where x > 0, packed eight to a byte, most significant bit first
+  (numpy's packbits), each byte - 128 as int8 (Cohere's and sentence-transformers' convention);
+  ceil(dimensions / 8) values.
+- ubinary: the same bytes as uint8.
+- base64: little-endian float32 bytes of each vector, base64-encoded (as OpenAI's encoding_format)."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+
+
+def int8(vectors: np.ndarray) -> np.ndarray:
+    scale = np.abs(vectors).max(axis=1, keepdims=True)
+    return np.rint(127.0 * vectors / np.maximum(scale, 1e-12)).astype(np.int8)
+
+
+def uint8(vectors: np.ndarray) -> np.ndarray:
+    return (int8(vectors).astype(np.int16) + 128).astype(np.uint8)
+
+
+def ubinary(vectors: np.ndarray) -> np.ndarray:
+    return np.packbits(vectors > 0, axis=1)
+
+
+def binary(vectors: np.ndarray) -> np.ndarray:
+    return (ubinary(vectors).astype(np.int16) - 128).astype(np.int8)
+
+
+def base64_rows(vectors: np.ndarray) -> list[str]:
+    little_endian = vectors.astype("<f4", copy=False)
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in little_endian]
+
+
+def by_type(vectors: np.ndarray, embedding_type: str) -> list:
+    """The vectors as the wire carries `embedding_type`: lists of numbers, or base64 strings."""
+    if embedding_type == "float":
+        return vectors.tolist()
+    if embedding_type == "base64":
+        return base64_rows(vectors)
+    return QUANTIZERS[embedding_type](vectors).tolist()
+
+
+QUANTIZERS = {"int8": int8, "uint8": uint8, "binary": binary, "ubinary": ubinary}

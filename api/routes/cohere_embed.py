@@ -1,0 +1,75 @@
+"""POST /v2/embed: Cohere's embed API (v2) over texts, with its embedding types (api/quantize.py),
+truncation from either end, output_dimension and input_type prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from litestar import Request, post
+from litestar.di import NamedDependency
+
+from api.body import decode_body
+from api.encoding import truncate_dimensions
+from api.errors import InvalidInput
+from api.guard import RequestGuard
+from api.inputs import check_texts
+from api.models import EMBED
+from api.prompts import select_prompt
+from api.quantize import by_type
+from api.routes.embeddings import INLINE_TOKENIZE_CHARS
+from api.schemas.cohere import (
+    ApiVersion,
+    EmbedBilledUnits,
+    EmbeddingsByType,
+    EmbedMeta,
+    EmbedRequest,
+    EmbedResponse,
+)
+from api.server import Server
+
+
+@post("/v2/embed", status_code=200, request_body=EmbedRequest)
+async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedResponse:
+    data = await decode_body(request, EmbedRequest)
+    if data.images or data.inputs:
+        param = "images" if data.images else "inputs"
+        raise InvalidInput("this server embeds texts only: send `texts`", param)
+    if not data.texts:
+        raise InvalidInput("texts must be a non-empty list of strings", "texts")
+    check_texts(data.texts, server.config.max_inputs, "texts")
+    model = server.registry().get(data.model, EMBED)
+    spec, encoder = model.spec, model.encoder
+    if data.output_dimension is not None and not 1 <= data.output_dimension <= spec.output_dim:
+        raise InvalidInput(
+            f"output_dimension must be between 1 and the model's {spec.output_dim}, "
+            f"not {data.output_dimension}",
+            "output_dimension",
+        )
+    max_tokens = encoder.window
+    if data.max_tokens is not None:
+        if not 1 <= data.max_tokens <= encoder.window:
+            raise InvalidInput(
+                f"max_tokens must be between 1 and the model's window of {encoder.window}", "max_tokens"
+            )
+        max_tokens = data.max_tokens
+    prompt = select_prompt(spec.prompts, data.input_type, None, spec.default_prompt_name)
+    texts = [prompt + text for text in data.texts] if prompt else data.texts
+    truncate, keep_end = data.truncate != "NONE", data.truncate == "START"
+    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+        sequences = await asyncio.to_thread(encoder.encode, texts, max_tokens, truncate, keep_end)
+    else:
+        sequences = encoder.encode(texts, max_tokens, truncate, keep_end)
+    num_tokens = sum(map(len, sequences))
+    guard = RequestGuard(model.engine, request, server.config)
+    vectors = truncate_dimensions(await guard.run(sequences), data.output_dimension)
+    server.metrics.prompt_tokens.labels(model=model.name).inc(num_tokens)
+    types = dict.fromkeys(data.embedding_types or ["float"])  # in order, once each
+    embeddings = EmbeddingsByType(**{_field(kind): by_type(vectors, kind) for kind in types})
+    billed = EmbedBilledUnits(input_tokens=num_tokens)
+    meta = EmbedMeta(api_version=ApiVersion(version="2"), billed_units=billed)
+    return EmbedResponse(id=str(uuid.uuid4()), embeddings=embeddings, texts=data.texts, meta=meta)
+
+
+def _field(embedding_type: str) -> str:
+    return "float_" if embedding_type == "float" else embedding_type
