@@ -94,6 +94,31 @@ class _Calls:
         raise error_for(response.status_code, _message(response), response.headers.get("x-request-id"))
 
 
+class _Attempts:
+    """One call's tries: after each, None (done: the answer is a 200) or the seconds to wait before the
+    next; an answer or error that is not retried is raised."""
+
+    def __init__(self, calls: _Calls):
+        self.calls = calls
+        self.attempt = 0
+
+    def after(self, response: httpx.Response) -> float | None:
+        self.attempt += 1
+        if response.status_code == 200:
+            return None
+        delay = self.calls.next_delay(self.attempt, response)
+        if delay is None:
+            self.calls.raise_for(response)
+        return delay
+
+    def after_error(self, error: httpx.TransportError) -> float:
+        self.attempt += 1
+        delay = self.calls.next_delay(self.attempt, None)
+        if delay is None:
+            raise error
+        return delay
+
+
 def _message(response: httpx.Response) -> str:
     """The message of any of posy's error shapes (OpenAI, Cohere, TEI), else the body's start."""
     try:
@@ -154,21 +179,17 @@ class Client:
         self.close()
 
     def _post(self, path: str, body: dict) -> dict:
-        attempt = 0
+        attempts = _Attempts(self._calls)
         while True:
-            attempt += 1
             try:
                 response = self._http.post(
                     self._calls.base_url + path, json=body, headers=self._calls.headers
                 )
-            except httpx.TransportError:
-                delay = self._calls.next_delay(attempt, None)
-                if delay is None:
-                    raise
+            except httpx.TransportError as error:
+                delay = attempts.after_error(error)
             else:
-                delay = None if response.status_code == 200 else self._calls.next_delay(attempt, response)
+                delay = attempts.after(response)
                 if delay is None:
-                    self._calls.raise_for(response)
                     return response.json()
             time.sleep(delay)
 
@@ -214,20 +235,16 @@ class AsyncClient:
         await self.aclose()
 
     async def _post(self, path: str, body: dict) -> dict:
-        attempt = 0
+        attempts = _Attempts(self._calls)
         while True:
-            attempt += 1
             try:
                 response = await self._http.post(
                     self._calls.base_url + path, json=body, headers=self._calls.headers
                 )
-            except httpx.TransportError:
-                delay = self._calls.next_delay(attempt, None)
-                if delay is None:
-                    raise
+            except httpx.TransportError as error:
+                delay = attempts.after_error(error)
             else:
-                delay = None if response.status_code == 200 else self._calls.next_delay(attempt, response)
+                delay = attempts.after(response)
                 if delay is None:
-                    self._calls.raise_for(response)
                     return response.json()
             await asyncio.sleep(delay)
