@@ -29,6 +29,12 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/v1/rerank",
         "/v2/rerank",
         "/rerank",
+        "/v2/embed",
+        "/embed",
+        "/tokenize",
+        "/info",
+        "/score",
+        "/v1/score",
         "/health",
         "/ready",
         "/metrics",
@@ -44,6 +50,11 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/v1/rerank": "#/components/schemas/RerankRequest",
         "/v2/rerank": "#/components/schemas/RerankRequest",
         "/rerank": "#/components/schemas/TeiRerankRequest",
+        "/v2/embed": "#/components/schemas/EmbedRequest",
+        "/embed": "#/components/schemas/TeiEmbedRequest",
+        "/tokenize": "#/components/schemas/TeiTokenizeRequest",
+        "/score": "#/components/schemas/ScoreRequest",
+        "/v1/score": "#/components/schemas/ScoreRequest",
     }
     components = schema["components"]["schemas"]
     assert components["EmbeddingRequest"]["required"] == ["input"]
