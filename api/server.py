@@ -14,6 +14,7 @@ from api.config import ServerConfig
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel
+from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
@@ -97,6 +98,9 @@ class Server:
                 spec.max_seq_length,
             )
         self._registry = ModelRegistry(served)
+        if self._remote is None:  # a gateway worker's supervisor says it once for all of them
+            described = [(model.names, model.spec, model.engine.describe()) for model in served]
+            logger.info("%s", startup_summary(self.config, engine_config, described, num_replicas))
 
     def stop(self) -> None:
         self.draining = True

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from api.config import ServerConfig
+from api.summary import startup_summary
 from engine.replicas import ReplicaHandles
 
 logger = logging.getLogger(__name__)
@@ -57,13 +58,11 @@ class GatewaySupervisor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._on_signal)
             self._gateways = [self._spawn(index) for index in range(self.config.api_workers)]
-            logger.info(
-                "serving on http://%s:%d with %d gateway processes over %d engine replicas per model",
-                self.config.host,
-                self.config.port,
-                self.config.api_workers,
-                num_replicas,
-            )
+            described = [
+                (server.names(index, spec), spec, handles.description)
+                for index, (spec, handles) in enumerate(zip(specs, self._handles))
+            ]
+            logger.info("%s", startup_summary(self.config, engine_config, described, num_replicas))
             self._watch()
         finally:
             self._stop_gateways()

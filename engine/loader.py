@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
 from engine.models.registry import ENCODER_OF_MODEL_TYPE, lookup
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # what a hub download fetches first: configs, tokenizer files and safetensors weights (no ONNX, no .bin)
@@ -198,7 +202,14 @@ def load_model(
         model = model_class.from_spec(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill
     model = model.to(dtype).to_empty(device=device)
-    load_weights(model, read_checkpoint(spec.path))
+    started = time.perf_counter()
+    tensors = read_checkpoint(spec.path)
+    load_weights(model, tensors)
+    size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
+    logger.info(
+        "%s: loaded %d checkpoint tensors (%.2f GB) onto %s in %.1f s",
+        spec.name, len(tensors), size_gb, device, time.perf_counter() - started,
+    )  # fmt: skip
     return model.eval().requires_grad_(False)
 
 
@@ -213,7 +224,10 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
         index = read_json(folder / index_name)
         if index is not None:
             tensors: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(index["weight_map"].values())):
+            shards = sorted(set(index["weight_map"].values()))
+            for number, shard in enumerate(shards, 1):
+                # a large model's shards take a while each: say how far loading has come
+                logger.info("reading weights: shard %d of %d (%s)", number, len(shards), shard)
                 tensors.update(load(folder / shard))
             return tensors
     if (folder / "model.safetensors").is_file():

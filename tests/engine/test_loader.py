@@ -73,7 +73,8 @@ def test_misshapen_tensor_fails_the_load(tmp_path, minilm_tensors):
         load(spec)
 
 
-def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors):
+def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors, caplog):
+    caplog.set_level("INFO", logger="engine.loader")
     reference = dict(load(resolve_model(None)).state_dict())
     sharded = make_folder(tmp_path / "sharded")
     names = sorted(minilm_tensors)
@@ -88,6 +89,9 @@ def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors):
     for folder in (sharded, pickled):
         state = load(resolve_model(str(folder))).state_dict()
         assert all(torch.equal(state[name], reference[name]) for name in reference)
+    # loading says how far it has come, shard by shard, and what it loaded
+    assert "shard 1 of 2 (model-00001-of-00002.safetensors)" in caplog.text
+    assert "shard 2 of 2" in caplog.text and f"loaded {len(names)} checkpoint tensors" in caplog.text
 
 
 def test_no_weights_fails_the_load(tmp_path):
