@@ -51,3 +51,13 @@ def assert_tei_error(response: httpx.Response, status_code: int) -> dict:
     assert isinstance(body["error"], str) and body["error"], body
     assert isinstance(body["error_type"], str) and body["error_type"], body
     return body
+
+
+def cohere_client(client_class, base_url: str, timeout: float):
+    """A cohere SDK client (Client or ClientV2) that does not retry, on the SDK's 5.x and 7.x alike:
+    7.x takes max_retries in its constructor, 5.x only per request (its default, 2 retries of a 429 or
+    5xx, then stays; the RAG frameworks pin cohere below 6 or 7)."""
+    import inspect
+
+    options = {"max_retries": 0} if "max_retries" in inspect.signature(client_class).parameters else {}
+    return client_class(base_url=base_url, api_key="x", timeout=timeout, **options)

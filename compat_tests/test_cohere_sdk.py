@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cohere.core.api_error import ApiError
 
-from .contract import MODEL, assert_cohere_error, cosine
+from .contract import MODEL, assert_cohere_error, cohere_client, cosine
 
 QUERY = "What is the capital of France?"
 DOCS = [
@@ -42,13 +42,13 @@ LONG_INDEX = 2
 
 @pytest.fixture(scope="module")
 def co_v1(base_url):
-    with cohere.Client(base_url=base_url, api_key="x", max_retries=0, timeout=120.0) as client:
+    with cohere_client(cohere.Client, base_url, timeout=120.0) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def co_v2(base_url):
-    with cohere.ClientV2(base_url=base_url, api_key="x", max_retries=0, timeout=120.0) as client:
+    with cohere_client(cohere.ClientV2, base_url, timeout=120.0) as client:
         yield client
 
 

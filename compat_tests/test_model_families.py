@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from .conftest import REPO_ROOT, ServerFactory, free_port, server_env
-from .contract import SAME_VECTOR, cosine
+from .contract import SAME_VECTOR, cohere_client, cosine
 from .families import (
     CROSS_ENCODERS,
     EMBEDDERS,
@@ -103,7 +103,7 @@ def openai_client(served: Served) -> openai.OpenAI:
 
 def cohere_rerank(served: Served, version: str, **kwargs):
     client_class = cohere.Client if version == "v1" else cohere.ClientV2
-    with client_class(base_url=served.url, api_key="x", max_retries=0, timeout=60.0) as client:
+    with cohere_client(client_class, served.url, timeout=60.0) as client:
         return client.rerank(model=served.family.id, **kwargs)
 
 
