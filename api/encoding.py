@@ -8,11 +8,11 @@ from api.errors import InvalidInput
 from api.quantize import base64_rows
 
 
-def check_dimensions(dimensions: int | None, model_dimensions: int) -> None:
+def check_dimensions(dimensions: int | None, model_dimensions: int, param: str = "dimensions") -> None:
     """Checked before the model runs: `dimensions` may only shorten the model's vectors."""
     if dimensions is not None and not 1 <= dimensions <= model_dimensions:
         raise InvalidInput(
-            f"dimensions must be between 1 and the model's {model_dimensions}, not {dimensions}", "dimensions"
+            f"{param} must be between 1 and the model's {model_dimensions}, not {dimensions}", param
         )
 
 

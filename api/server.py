@@ -40,6 +40,7 @@ class Server:
         self._specs: list[ModelSpec] | None = None
         self._replica_sets: list[ReplicaSet] = []
         self.draining = False
+        self.engine_settings: EngineConfig | None = None  # what load() ran the engines with
         self.started_at = int(time.time())
 
     @property
@@ -65,6 +66,7 @@ class Server:
         """Load and warm up every model, then start their engines (blocking)."""
         specs = self.resolve()
         engine_config = self.engine_config(max(spec.max_seq_length for spec in specs))
+        self.engine_settings = engine_config
         logger.info(
             "engine: device=%s dtype=%s max_batch_tokens=%d max_batch_seqs=%d max_queue_tokens=%d",
             engine_config.device,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,9 @@ from tokenizers import Tokenizer
 
 from api.errors import InputTooLong, InvalidInput
 from scoring.templates import JUDGE_PROMPTS, PairTemplate, SingleTemplate
+
+# tokenizing more than this many characters at once moves off the event loop
+INLINE_TOKENIZE_CHARS = 20_000
 
 
 class TextEncoder:
@@ -30,6 +34,20 @@ class TextEncoder:
             encoding.ids
             for encoding in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         ]
+
+    async def encode_off_loop(
+        self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False
+    ) -> list[list[int]]:
+        """encode(), in a worker thread when the texts are long enough to hold up the event loop."""
+        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self.encode, texts, max_tokens, truncate, keep_end)
+        return self.encode(texts, max_tokens, truncate, keep_end)
+
+    async def content_ids_off_loop(self, texts: Sequence[str]) -> list[list[int]]:
+        """content_ids(), likewise."""
+        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self.content_ids, texts)
+        return self.content_ids(texts)
 
     def encode(
         self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False

@@ -3,21 +3,19 @@ truncation from either end, output_dimension and input_type prompts."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 from litestar import Request, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
-from api.encoding import truncate_dimensions
+from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.inputs import check_texts
 from api.models import EMBED
 from api.prompts import select_prompt
 from api.quantize import by_type
-from api.routes.embeddings import INLINE_TOKENIZE_CHARS
 from api.schemas.cohere import (
     ApiVersion,
     EmbedBilledUnits,
@@ -40,12 +38,7 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedRe
     check_texts(data.texts, server.config.max_inputs, "texts")
     model = server.registry().get(data.model, EMBED)
     spec, encoder = model.spec, model.encoder
-    if data.output_dimension is not None and not 1 <= data.output_dimension <= spec.output_dim:
-        raise InvalidInput(
-            f"output_dimension must be between 1 and the model's {spec.output_dim}, "
-            f"not {data.output_dimension}",
-            "output_dimension",
-        )
+    check_dimensions(data.output_dimension, spec.output_dim, "output_dimension")
     max_tokens = encoder.window
     if data.max_tokens is not None:
         if not 1 <= data.max_tokens <= encoder.window:
@@ -56,10 +49,7 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedRe
     prompt = select_prompt(spec.prompts, data.input_type, None, spec.default_prompt_name)
     texts = [prompt + text for text in data.texts] if prompt else data.texts
     truncate, keep_end = data.truncate != "NONE", data.truncate == "START"
-    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-        sequences = await asyncio.to_thread(encoder.encode, texts, max_tokens, truncate, keep_end)
-    else:
-        sequences = encoder.encode(texts, max_tokens, truncate, keep_end)
+    sequences = await encoder.encode_off_loop(texts, max_tokens, truncate, keep_end)
     num_tokens = sum(map(len, sequences))
     guard = RequestGuard(model.engine, request, server.config)
     vectors = truncate_dimensions(await guard.run(sequences), data.output_dimension)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from litestar import Request, post
 from litestar.di import NamedDependency
 
@@ -16,9 +14,6 @@ from api.models import EMBED
 from api.prompts import select_prompt
 from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
 from api.server import Server
-
-# tokenizing more than this many characters moves off the event loop
-INLINE_TOKENIZE_CHARS = 20_000
 
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200, request_body=EmbeddingRequest)
@@ -35,10 +30,7 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
         spec = model.spec
         prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
-        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            sequences = await asyncio.to_thread(encoder.encode, texts, max_tokens, truncate)
-        else:
-            sequences = encoder.encode(texts, max_tokens, truncate)
+        sequences = await encoder.encode_off_loop(texts, max_tokens, truncate)
     else:
         sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
     num_tokens = sum(map(len, sequences))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 from collections.abc import Sequence
@@ -29,7 +28,6 @@ from api.schemas.cohere import (
 from api.server import Server
 from scoring.rerank import RerankOptions, rerank_scores
 
-INLINE_TOKENIZE_CHARS = 20_000
 # lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
 # document is turned into text or returned (Python's recursion limit, which msgspec shares)
 MAX_DOCUMENT_DEPTH = 64
@@ -83,10 +81,7 @@ async def score_texts(
     encoder = model.encoder
     rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)
-    if sum(map(len, prompted)) > INLINE_TOKENIZE_CHARS:
-        ids = await asyncio.to_thread(encoder.content_ids, prompted)
-    else:
-        ids = encoder.content_ids(prompted)
+    ids = await encoder.content_ids_off_loop(prompted)
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
 
 

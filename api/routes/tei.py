@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 from litestar import Request, get, post
 from litestar.di import NamedDependency
@@ -18,7 +16,6 @@ from api.inputs import check_texts
 from api.models import EMBED, RERANK
 from api.openapi import package_version
 from api.prompts import select_prompt
-from api.routes.embeddings import INLINE_TOKENIZE_CHARS
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
 from api.schemas.tei import TeiEmbedRequest, TeiInfo, TeiToken, TeiTokenizeRequest
@@ -46,10 +43,7 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> list[l
     texts = [prompt + text for text in texts] if prompt else texts
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
-    if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-        sequences = await asyncio.to_thread(encoder.encode, texts, None, truncate, keep_end)
-    else:
-        sequences = encoder.encode(texts, None, truncate, keep_end)
+    sequences = await encoder.encode_off_loop(texts, None, truncate, keep_end)
     guard = RequestGuard(model.engine, request, server.config)
     vectors = await guard.run(sequences)
     server.metrics.prompt_tokens.labels(model=model.name).inc(sum(map(len, sequences)))
@@ -114,7 +108,7 @@ def info_tei(server: NamedDependency[Server]) -> TeiInfo:
     else:
         labels = {str(index): f"LABEL_{index}" for index in range(spec.num_labels or 1)}
         model_type = {"reranker": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
-    engine_config = server.engine_config(spec.max_seq_length)
+    engine_config = server.engine_settings
     return TeiInfo(
         model_id=model.name,
         model_dtype=engine_config.dtype,
