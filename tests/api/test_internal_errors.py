@@ -74,15 +74,21 @@ def assert_no_internals(text: str) -> None:
     assert INTERNAL_PATH not in text and ".py" not in text and "/opt/" not in text
 
 
+def failing_call(client, break_engine, caplog, error: Exception, route: str, body: dict):
+    """POST `route` with the engine raising `error`: the 500 and the request id it names."""
+    break_engine(error)
+    with caplog.at_level(logging.ERROR, logger="api.errors"):
+        response = client.post(route, json=body)
+    assert response.status_code == 500, response.text
+    return response, response.headers["x-request-id"]
+
+
 @pytest.mark.parametrize("route, body, message_of", ROUTES)
 def test_an_unexpected_error_is_a_500_naming_the_request_id(
     client, break_engine, caplog, route, body, message_of
 ):
-    break_engine(KeyError(f"lost a key in {INTERNAL_PATH}"))
-    with caplog.at_level(logging.ERROR, logger="api.errors"):
-        response = client.post(route, json=body)
-    assert response.status_code == 500, response.text
-    request_id = response.headers["x-request-id"]
+    error = KeyError(f"lost a key in {INTERNAL_PATH}")
+    response, request_id = failing_call(client, break_engine, caplog, error, route, body)
     assert message_of(response.json()) == f"internal server error (request id {request_id})"
     assert_no_internals(response.text)
     records = [record for record in caplog.records if getattr(record, "request_id", None) == request_id]
@@ -104,11 +110,8 @@ def test_the_callers_request_id_names_the_500(client, break_engine, caplog):
 def test_an_engine_failure_is_a_500_naming_the_request_id(
     client, break_engine, caplog, route, body, message_of
 ):
-    break_engine(EngineError(f"model step failed: RuntimeError at {INTERNAL_PATH}"))
-    with caplog.at_level(logging.ERROR, logger="api.errors"):
-        response = client.post(route, json=body)
-    assert response.status_code == 500, response.text
-    request_id = response.headers["x-request-id"]
+    error = EngineError(f"model step failed: RuntimeError at {INTERNAL_PATH}")
+    response, request_id = failing_call(client, break_engine, caplog, error, route, body)
     assert message_of(response.json()) == f"the model failed on this request (request id {request_id})"
     assert_no_internals(response.text)
     assert [record.request_id for record in caplog.records if hasattr(record, "request_id")] == [request_id]
