@@ -50,8 +50,13 @@ def cell(record: dict[str, Any], column: str) -> str:
     return str(record[column])
 
 
-def suite_table(suite: str, records: list[dict[str, Any]], plot: str | None = None) -> str:
-    rows = [f"## {suite}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def suite_table(
+    suite: str, records: list[dict[str, Any]], plot: str | None = None, notes: str | None = None
+) -> str:
+    rows = [f"## {suite}", ""]
+    if notes is not None:
+        rows += [notes.strip(), ""]
+    rows += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for record in latest(records):
         rows.append("| " + " | ".join(cell(record, column) for column in COLUMNS) + " |")
     if plot is not None:
@@ -60,8 +65,9 @@ def suite_table(suite: str, records: list[dict[str, Any]], plot: str | None = No
 
 
 def render(results_dir: Path = RESULTS_DIR, output: Path = RESULTS_MD, plots_dir: Path = PLOTS_DIR) -> Path:
-    """RESULTS.md with a table per suite and, under the serving suites, their plots (PNG files in
-    `plots_dir`, linked relative to `output`)."""
+    """RESULTS.md with a table per suite, above it the suite's notes (`results_dir/SUITE.md`) where there
+    are any and, under the serving suites, their plots (PNG files in `plots_dir`, linked relative to
+    `output`)."""
     sections = [HEADER]
     by_suite = {}
     for path in sorted(results_dir.glob("*.jsonl")):
@@ -72,7 +78,10 @@ def render(results_dir: Path = RESULTS_DIR, output: Path = RESULTS_MD, plots_dir
     for suite, records in by_suite.items():
         plot = plots.get(suite)
         link = plot.relative_to(output.parent).as_posix() if plot is not None else None
-        sections.append(suite_table(suite, records, link))
+        notes = results_dir / f"{suite}.md"  # hand-written: how the runs were made, what they show
+        sections.append(
+            suite_table(suite, records, link, notes.read_text("utf-8") if notes.exists() else None)
+        )
     if len(sections) == 1:
         sections.append("No results yet.\n")
     output.write_text("\n".join(sections), encoding="utf-8")

@@ -36,9 +36,10 @@ class Plan:
 
 
 # on the H200s: per replica count ~15 s of each load, the split request and the server's start (~1 min);
-# the suite with 1 and 2 replicas in ~3.5 min. 8 clients and 4 gateways per replica: with the throughput
-# suite's 4 clients and 2 gateways one replica's GPU idles between requests (2.38M tokens/s of its 2.68M),
-# and the efficiency then measures the load, not the replicas. bf16 rows of different batches differ slightly.
+# the suite with 1 and 2 replicas in ~3.5 min. 4 gateways per replica: on 2 H200s, 2 replicas behind 4
+# gateways served 4.25M tokens/s (efficiency 0.893), behind 8 4.67M (0.994); one replica served the same
+# behind 2 or 4 (2.38M, 2.35M). 8 clients per replica keep every gateway busy. bf16 rows of different
+# batches differ slightly.
 FULL = Plan(
     replace(throughput.FULL, num_clients=8),
     replace(concurrency.FULL, levels=(16,), warmup_s=3.0, duration_s=10.0), 4, (16, 512), 0.9999, None,
@@ -58,6 +59,10 @@ class Layout:
     @property
     def name(self) -> str:
         return f"r{self.num_replicas}-w{self.num_workers}"
+
+    def hardware(self, gpu: str | None) -> str | None:
+        """The records' GPU: "2x NVIDIA H200" where the replicas run on two."""
+        return f"{self.num_devices}x {gpu}" if gpu is not None and self.num_devices > 1 else gpu
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -118,6 +123,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     for layout in servers:
         try:
             with serve_random_bert(*setup, options.backend, SERVED_NAME, *layout.flags) as (url, _, context):
+                context = replace(context, gpu=layout.hardware(context.gpu))
                 measured, errors, rates, vectors = measure(url, context, plan, bodies, layout)
         except ServerFailed as error:  # the records so far are kept; without one replica, nothing scales
             failures.append(f"{layout.name}: {error}")

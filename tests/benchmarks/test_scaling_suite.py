@@ -49,3 +49,10 @@ def test_layouts_pass_api_workers_only_when_more_than_one():
     assert all(layout.num_workers >= 1 for layout in full)
     wide = scaling.Layout(num_replicas=2, num_workers=4, num_devices=2)
     assert wide.flags == ("--replicas", "2", "--api-workers", "4") and wide.name == "r2-w4"
+
+
+def test_records_name_the_gpus_the_replicas_ran_on():
+    two_gpus, one_shared = scaling.Layout(2, 8, 2), scaling.Layout(2, 4, 1)
+    assert two_gpus.hardware("NVIDIA H200") == "2x NVIDIA H200"
+    assert one_shared.hardware("NVIDIA H200") == "NVIDIA H200"  # two replicas sharing one GPU
+    assert two_gpus.hardware(None) is None  # on the CPU

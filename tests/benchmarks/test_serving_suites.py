@@ -70,3 +70,16 @@ def test_render_links_a_plot_under_each_serving_suite(tmp_path):
         assert (tmp_path / "plots" / f"{suite}.png").stat().st_size > 1000
     assert "![engine]" not in text  # no plot for the other suites, only their tables
     assert "| batch1x128 | latency_p50_ms |" in text
+
+
+def test_render_puts_a_suites_notes_above_its_table_and_none_under_the_others(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for suite in ("scaling", "engine"):
+        line = json.dumps(record(suite, "batch1x128", "latency_p50_ms", 0.6)) + "\n"
+        (results / f"{suite}.jsonl").write_text(line)
+    (results / "scaling.md").write_text("Run with `bash benchmarks/gpu_run.sh COMMIT scaling`.\n\n")
+    text = render(results, tmp_path / "RESULTS.md", tmp_path / "plots").read_text()
+    scaling, engine = text.split("## scaling")[1], text.split("## engine")[1].split("## scaling")[0]
+    assert scaling.index("Run with `bash benchmarks/gpu_run.sh COMMIT scaling`.") < scaling.index("| case |")
+    assert "gpu_run" not in engine
