@@ -85,6 +85,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument(
         "--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400"
     )
+    serve.add_argument(
+        "--accept-token-ids",
+        action="store_true",
+        help="let /v1/embeddings take token ids (the served model's own; by default a 400)",
+    )
     serve.add_argument("--api-key", help="require Authorization: Bearer KEY")
     serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
     serve.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
@@ -165,6 +170,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_batch_seqs=args.max_batch_seqs,
         max_queue_tokens=args.max_queue_tokens,
         auto_truncate=args.auto_truncate,
+        accept_token_ids=args.accept_token_ids,
         api_key=args.api_key,
         max_inputs=args.max_inputs,
         max_body_bytes=args.max_body_bytes,

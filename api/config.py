@@ -46,6 +46,9 @@ class ServerConfig:
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None
     auto_truncate: bool = False
+    # OpenAI token-id inputs are the served model's own ids only where this is set: the OpenAI ecosystem's
+    # clients (LangChain's OpenAIEmbeddings by default) send tiktoken's, which would embed other text
+    accept_token_ids: bool = False
     api_key: str | None = None
     max_inputs: int = MAX_INPUTS
     max_body_bytes: int = MAX_BODY_BYTES

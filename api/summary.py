@@ -48,6 +48,7 @@ def startup_summary(
         f"{config.max_inputs} inputs and {config.max_request_tokens} tokens a request, "
         f"{config.max_body_bytes // 2**20} MiB bodies, {timeout}"
         + (", over-long inputs truncated" if config.auto_truncate else ", over-long inputs refused")
+        + (", OpenAI token-id inputs taken" if config.accept_token_ids else "")
     )
     return "\n".join(lines)
 

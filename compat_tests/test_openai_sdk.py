@@ -24,9 +24,20 @@ from .contract import (
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell today."]
 
 
+def sdk(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0, timeout=120.0)
+
+
 @pytest.fixture(scope="module")
 def client(base_url):
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0, timeout=120.0) as client:
+    with sdk(base_url) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def ids_client(server_factory):
+    """A server that takes token ids (--accept-token-ids): the bundled model's own."""
+    with sdk(server_factory("--accept-token-ids").url) as client:
         yield client
 
 
@@ -60,18 +71,26 @@ def test_list_of_strings_in_input_order(client):
         assert cosine(batch[index], alone) >= SAME_VECTOR, text
 
 
-def test_token_ids_equal_text(client, tokenizer, embed):
+def test_token_ids_are_refused_by_default_with_the_way_out(client, tokenizer):
+    for inputs in (tokenizer.encode(TEXTS[0]).ids, [tokenizer.encode(text).ids for text in TEXTS]):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.embeddings.create(model=MODEL, input=inputs)
+        message = assert_sdk_error_shape(raised.value)
+        assert "check_embedding_ctx_length=False" in message and "--accept-token-ids" in message
+
+
+def test_token_ids_equal_text(ids_client, tokenizer, embed):
     ids = tokenizer.encode(TEXTS[0]).ids
     assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP]: the server must add nothing
-    response = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    response = ids_client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
     assert len(response.data) == 1
     assert response.usage.prompt_tokens == len(ids)
     assert cosine(vectors(response)[0], embed(TEXTS[0])[0]) >= SAME_VECTOR
 
 
-def test_token_id_lists_equal_texts(client, tokenizer, embed):
+def test_token_id_lists_equal_texts(ids_client, tokenizer, embed):
     id_lists = [tokenizer.encode(text).ids for text in TEXTS]
-    response = client.embeddings.create(model=MODEL, input=id_lists, encoding_format="float")
+    response = ids_client.embeddings.create(model=MODEL, input=id_lists, encoding_format="float")
     assert [item.index for item in response.data] == [0, 1, 2]
     assert response.usage.prompt_tokens == sum(len(ids) for ids in id_lists)
     for from_ids, from_text in zip(vectors(response), embed(TEXTS)):
@@ -146,14 +165,26 @@ def test_unknown_model_is_not_found(client):
         pytest.param([], id="empty-list"),
         pytest.param(["fine", ""], id="empty-string-in-list"),
         pytest.param(["short text"] * (MAX_INPUTS + 1), id="too-many-inputs"),
-        pytest.param([101, VOCAB_SIZE, 102], id="token-id-above-vocabulary"),
-        pytest.param([[101, 2054, 102], [101, -1, 102]], id="negative-token-id"),
     ],
 )
 def test_bad_input_is_bad_request(client, inputs):
     with pytest.raises(openai.BadRequestError) as raised:
         client.embeddings.create(model=MODEL, input=inputs)
     assert_sdk_error_shape(raised.value)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        pytest.param([101, VOCAB_SIZE, 102], id="token-id-above-vocabulary"),
+        pytest.param([[101, 2054, 102], [101, -1, 102]], id="negative-token-id"),
+        pytest.param([[101, 2054, 102], []], id="empty-token-id-list"),
+    ],
+)
+def test_bad_token_ids_are_bad_request_where_ids_are_taken(ids_client, inputs):
+    with pytest.raises(openai.BadRequestError) as raised:
+        ids_client.embeddings.create(model=MODEL, input=inputs)
+    assert "vocabulary" in assert_sdk_error_shape(raised.value) or "empty" in str(raised.value)
 
 
 def test_over_long_input_names_both_counts(client, count_tokens):

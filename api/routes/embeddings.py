@@ -15,6 +15,15 @@ from api.prompts import select_prompt
 from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
 from api.server import Server
 
+# LangChain's OpenAIEmbeddings sends tiktoken's ids unless told otherwise; ids < the vocabulary size would
+# pass every check and embed other text, so that ids are taken only where the operator said they fit
+TOKEN_IDS_REFUSED = (
+    "input is token ids, and this server takes text: ids from another tokenizer (tiktoken's, which "
+    "LangChain's OpenAIEmbeddings sends unless check_embedding_ctx_length=False) would embed other text. "
+    "Send the texts as strings, or, for ids of {model}'s own tokenizer (POST /tokenize gives them), start "
+    "the server with --accept-token-ids"
+)
+
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200, request_body=EmbeddingRequest)
 async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EmbeddingResponse:
@@ -32,6 +41,8 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
         sequences = await encoder.encode_off_loop(texts, max_tokens, truncate)
     else:
+        if not server.config.accept_token_ids:
+            raise InvalidInput(TOKEN_IDS_REFUSED.format(model=model.name), "input")
         sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
     num_tokens = sum(map(len, sequences))
     guard = RequestGuard(model.engine, request, server.config)

@@ -26,6 +26,7 @@ def parse(argv, environ=None):
 def test_defaults_serve_the_bundled_model():
     config = parse(["serve"])
     assert config.models == (None,) and config.port == 8000 and not config.auto_truncate
+    assert not config.accept_token_ids
 
 
 def test_flags_and_aliases():
@@ -58,9 +59,11 @@ def test_environment_twins_and_command_line_precedence():
         "POSY_AUTO_TRUNCATE": "true",
         "POSY_MODEL": "m1;m2",
         "POSY_API_KEY": "env",
+        "POSY_ACCEPT_TOKEN_IDS": "1",
     }
     config = parse(["serve", "--api-key", "flag"], environ)
     assert config.port == 9001 and config.auto_truncate and config.models == ("m1", "m2")
+    assert config.accept_token_ids and parse(["serve", "--accept-token-ids"]).accept_token_ids
     assert config.api_key == "flag"
 
 

@@ -4,6 +4,10 @@ import base64
 
 import numpy as np
 import pytest
+from litestar.testing import TestClient
+
+from api.app import create_app
+from api.config import ServerConfig
 
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell today."]
 
@@ -46,6 +50,20 @@ def test_token_id_inputs_are_the_same_as_text(client, minilm_tokenizer):
     from_one_list = vectors(embed(client, input=ids[0]))
     assert np.allclose(from_text, from_lists, atol=1e-5)
     assert np.allclose(from_text[0], from_one_list[0], atol=1e-5)
+
+
+def test_token_ids_are_refused_with_the_way_out_unless_the_server_takes_them(minilm_tokenizer):
+    # LangChain's OpenAIEmbeddings sends tiktoken's ids by default: in the vocabulary, and other text
+    ids = [minilm_tokenizer.encode(text).ids for text in TEXTS]
+    with TestClient(create_app(ServerConfig())) as default:
+        for value in (ids, ids[0]):
+            response = default.post("/v1/embeddings", json={"input": value})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == "input"
+            message = error["message"]
+            assert "check_embedding_ctx_length=False" in message and "--accept-token-ids" in message
+        assert vectors(embed(default, input=TEXTS)).shape == (3, 384)  # and it keeps serving
 
 
 def test_usage_counts_tokens_with_special_tokens(client, minilm_tokenizer):

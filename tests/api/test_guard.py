@@ -24,7 +24,8 @@ BLOCKER = [7, 7]  # the token ids of the request that holds the engine's worker
 
 @pytest.fixture(scope="module")
 def server():
-    return Server(ServerConfig(max_request_tokens=MAX_REQUEST_TOKENS, request_timeout=30))
+    config = ServerConfig(max_request_tokens=MAX_REQUEST_TOKENS, request_timeout=30, accept_token_ids=True)
+    return Server(config)
 
 
 @pytest.fixture(scope="module")
