@@ -20,6 +20,8 @@ import tokenizers
 
 from .contract import MODEL
 
+# Haystack sends usage telemetry unless told not to: the tests reach no host but the servers they start
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
