@@ -14,6 +14,7 @@ from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
 from engine.models.registry import lookup
+from engine.progress import progress
 from engine.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,9 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         graphs.warm_up()
     # warm-up before the server says it is ready: on CUDA this compiles the Triton kernels (seconds,
     # once per machine: Triton caches them), so that no graph capture or request waits for a compile
-    logger.info("%s: warming up (on CUDA: compiling kernels, seconds on a machine's first start)", spec.name)
     batches = warm_up_batches(spec.max_seq_length) if device.type == "cuda" else [[[0, 1]]]
-    for sequences in batches:
+    # on CUDA the first start of a machine compiles kernels: seconds a batch
+    for sequences in progress(batches, f"{spec.name}: warming up", logger):
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
     engine.attention_backend = backend.name

@@ -22,6 +22,7 @@ from engine.config import (
     SMALL_TOKEN_STEP,
     EngineConfig,
 )
+from engine.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ class GraphCache:
 
     def warm_up(self) -> None:
         """eager-warmup: capture every token bucket with its largest slot count, largest first."""
-        for token_bucket in self.config.token_buckets():
+        for token_bucket in progress(self.config.token_buckets(), "capturing CUDA graphs", logger):
             key = self.warm_key(token_bucket)
             if key not in self.graphs:
                 self.capture(key)

@@ -17,6 +17,7 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
 from engine.models.registry import ENCODER_OF_MODEL_TYPE, lookup
+from engine.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -225,9 +226,8 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
         if index is not None:
             tensors: dict[str, torch.Tensor] = {}
             shards = sorted(set(index["weight_map"].values()))
-            for number, shard in enumerate(shards, 1):
-                # a large model's shards take a while each: say how far loading has come
-                logger.info("reading weights: shard %d of %d (%s)", number, len(shards), shard)
+            # a large model's shards take a while each: say how far loading has come
+            for shard in progress(shards, f"reading {folder.name}'s weight shards", logger):
                 tensors.update(load(folder / shard))
             return tensors
     if (folder / "model.safetensors").is_file():
@@ -250,7 +250,7 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     missing = set(targets)
     unexpected, misshapen = [], []
     with torch.no_grad():
-        for checkpoint_name, tensor in tensors.items():
+        for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
             name = strip_prefix(checkpoint_name, model.checkpoint_prefixes)
             if name in ignored or name.startswith(ignored_prefixes):
                 continue
