@@ -1,4 +1,5 @@
-"""`posy serve ...`: flags (each with a POSY_* environment twin) -> ServerConfig -> uvicorn."""
+"""`posy serve ...`: flags (each with a POSY_* environment twin) -> ServerConfig -> uvicorn; `posy embed`
+in api/bulk/cli.py."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ from api.config import (
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The `posy` parser and its `serve` subcommand."""
+    parser, serve, _ = build_parsers()
+    return parser, serve
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The `posy` parser and its `serve` and `embed` subcommands."""
+    from api.bulk.cli import add_embed_command
+
     parser = argparse.ArgumentParser(prog="posy", description="Embedding and reranking server")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve OpenAI embeddings and Cohere / TEI rerank APIs")
@@ -39,26 +48,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument(
-        "--attention-backend",
-        default="auto",
-        choices=["auto", "torch", "torch-varlen", "flashinfer", "flash-attn", "triton"],
-        help="chosen once at start-up and logged; auto picks by device, head size and graphs",
-    )
-    serve.add_argument(
-        "--cuda-graphs",
-        default="lazy",
-        choices=["off", "lazy", "eager-warmup"],
-        help="whole-model CUDA graphs: captured on a bucket's second hit, or all at start-up",
-    )
-    serve.add_argument(
-        "--bidirectional",
-        action="store_true",
-        help="run a decoder embedder (Qwen3) without its causal mask, mean-pooled (pplx-embed style); "
-        "a config with is_causal: false does this by itself",
-    )
     serve.add_argument(
         "--replicas",
         type=int,
@@ -71,16 +60,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=1,
         help="gateway processes serving the port, so that JSON and tokenization use several cores; above 1 "
         "the engines run as replica processes shared by all of them",
-    )
-    serve.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
-    serve.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        help="tokens per forward pass (16384 on GPU, 4096 on CPU, raised to the largest model window)",
-    )
-    serve.add_argument("--max-batch-seqs", type=int, default=512)
-    serve.add_argument(
-        "--max-queue-tokens", type=int, help="queued tokens before 429 (64 x max-batch-tokens)"
     )
     serve.add_argument(
         "--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400"
@@ -119,8 +98,58 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=SHUTDOWN_TIMEOUT_S,
         help="seconds admitted requests get to finish once the listener has closed",
     )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser, serve
+    serve.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="serve as a Ray Serve deployment, replicas across the cluster's hosts (no ADDRESS: the "
+        "cluster this machine belongs to, or a local one)",
+    )
+    serve.add_argument(
+        "--ray-min-replicas", type=_at_least(1, int), help="Serve replicas (default: one per GPU, 1 on CPUs)"
+    )
+    serve.add_argument(
+        "--ray-max-replicas", type=_at_least(1, int), help="autoscale up to this many (default: the minimum)"
+    )
+    add_engine_flags(serve)
+    embed = add_embed_command(commands, add_engine_flags)
+    return parser, serve, embed
+
+
+def add_engine_flags(command: argparse.ArgumentParser) -> None:
+    """The model and engine flags `posy serve` and `posy embed` share."""
+    command.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    command.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    command.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "torch-varlen", "flashinfer", "flash-attn", "triton"],
+        help="chosen once at start-up and logged; auto picks by device, head size and graphs",
+    )
+    command.add_argument(
+        "--cuda-graphs",
+        default="lazy",
+        choices=["off", "lazy", "eager-warmup"],
+        help="whole-model CUDA graphs: captured on a bucket's second hit, or all at start-up",
+    )
+    command.add_argument(
+        "--bidirectional",
+        action="store_true",
+        help="run a decoder embedder (Qwen3) without its causal mask, mean-pooled (pplx-embed style); "
+        "a config with is_causal: false does this by itself",
+    )
+    command.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
+    command.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="tokens per forward pass (16384 on GPU, 4096 on CPU, raised to the largest model window)",
+    )
+    command.add_argument("--max-batch-seqs", type=int, default=512)
+    command.add_argument(
+        "--max-queue-tokens", type=int, help="queued tokens before 429 (64 x max-batch-tokens)"
+    )
+    command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def _at_least(minimum: float, kind: type) -> Callable[[str], float]:
@@ -183,13 +212,21 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, serve = build_parser()
+    parser, serve, embed = build_parsers()
     apply_environment(serve, os.environ)
+    apply_environment(embed, os.environ)
     args = parser.parse_args(argv)
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.log_level.upper(), format=log_format)
+    if args.command == "embed":
+        from api.bulk.cli import run_embed
+
+        return run_embed(args)
     config = config_from_args(args)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if args.ray is not None:
+        from api.ray_serve import serve_on_ray
+
+        return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
     from engine.device import resolve_device
     from engine.replicas import replica_count
 

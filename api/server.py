@@ -17,7 +17,7 @@ from api.models import ModelRegistry, ServedModel
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
-from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
+from engine.config import EngineConfig, sized_for
 from engine.device import resolve_device, resolve_dtype
 from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
@@ -153,20 +153,12 @@ class Server:
         return spec
 
     def engine_config(self, max_window: int) -> EngineConfig:
-        device = resolve_device(self.config.device)
-        # by default a batch holds at least one sequence of the largest window (Qwen3's reach 32k)
-        max_batch_tokens = self.config.max_batch_tokens or max(default_max_batch_tokens(device), max_window)
-        engine_config = EngineConfig(
-            device=device,
-            dtype=resolve_dtype(self.config.dtype, device),
-            attention_backend=self.config.attention_backend,
-            cuda_graphs=self.config.cuda_graphs,
-            max_batch_tokens=max_batch_tokens,
-            max_batch_seqs=self.config.max_batch_seqs,
-            max_queue_tokens=self.config.max_queue_tokens or QUEUE_BATCHES * max_batch_tokens,
-        )
-        engine_config.check(max_window)
-        return engine_config
+        config = self.config
+        device = resolve_device(config.device)
+        return sized_for(
+            max_window, device, resolve_dtype(config.dtype, device), config.attention_backend,
+            config.cuda_graphs, config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens,
+        )  # fmt: skip
 
     def names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
         given = self.config.served_model_names

@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "concurrency": "benchmarks.concurrency",
     "gateway": "benchmarks.gateway",
     "scaling": "benchmarks.scaling",
+    "bulk": "benchmarks.bulk",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

@@ -87,3 +87,30 @@ class EngineConfig:
 
 def default_max_batch_tokens(device: str) -> int:
     return GPU_MAX_BATCH_TOKENS if device.startswith("cuda") else CPU_MAX_BATCH_TOKENS
+
+
+def sized_for(
+    max_window: int,
+    device: str,
+    dtype: str,
+    attention_backend: str = "auto",
+    cuda_graphs: str = "lazy",
+    max_batch_tokens: int | None = None,
+    max_batch_seqs: int = 512,
+    max_queue_tokens: int | None = None,
+) -> EngineConfig:
+    """The engine config of `posy serve` and `posy embed` for models whose largest window is `max_window`
+    (device and dtype resolved): by default a batch holds at least one sequence of that window (Qwen3's
+    reach 32k) and the queue QUEUE_BATCHES batches. Fails on a batch budget below the window."""
+    max_batch_tokens = max_batch_tokens or max(default_max_batch_tokens(device), max_window)
+    config = EngineConfig(
+        device=device,
+        dtype=dtype,
+        attention_backend=attention_backend,
+        cuda_graphs=cuda_graphs,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_seqs=max_batch_seqs,
+        max_queue_tokens=max_queue_tokens or QUEUE_BATCHES * max_batch_tokens,
+    )
+    config.check(max_window)
+    return config

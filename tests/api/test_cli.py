@@ -185,3 +185,36 @@ def test_api_workers_on_a_taken_port_fail_before_loading_anything():
         )
     assert result.returncode == 1
     assert "cannot listen" in result.stderr and "spawn_main" not in result.stderr
+
+
+def test_embed_flags_share_the_engine_flags_and_environment_twins():
+    from api.bulk.cli import job_config
+    from api.cli import build_parsers
+
+    parser, _, embed = build_parsers()
+    apply_environment(embed, {"POSY_SHARD_ROWS": "1000", "POSY_DEVICE": "cpu"})
+    args = parser.parse_args(
+        [
+            "embed",
+            "in.parquet",
+            "--output",
+            "out",
+            "--id-column",
+            "doc",
+            "--dimensions",
+            "128",
+            "--dtype",
+            "float32",
+        ]
+    )
+    config = job_config(args)
+    assert (config.input, config.output, config.id_column, config.text_column) == (
+        "in.parquet",
+        "out",
+        "doc",
+        "text",
+    )
+    assert config.shard_rows == 1000 and config.device == "cpu" and config.dtype == "float32"
+    assert config.dimensions == 128 and args.ray is None
+    assert parser.parse_args(["embed", "in.csv", "--output", "o", "--ray"]).ray == "auto"
+    assert parser.parse_args(["serve", "--ray", "10.0.0.1:6379"]).ray == "10.0.0.1:6379"

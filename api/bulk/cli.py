@@ -1,0 +1,87 @@
+"""`posy embed INPUT --output OUTPUT ...`: flags -> JobConfig -> the job, here or on a Ray cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from api.bulk.config import DEFAULT_SHARD_ROWS, JobConfig
+
+
+def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
+    embed = commands.add_parser(
+        "embed", help="embed a file of texts (JSONL, CSV, Parquet) into Parquet shards of ids and vectors"
+    )
+    embed.add_argument("input", help="JSONL, CSV or Parquet: a path, or a URI pyarrow reads (s3://...)")
+    embed.add_argument(
+        "--output", required=True, help="a folder for the Parquet shards and _manifest.json (path or URI)"
+    )
+    embed.add_argument("--model", help="model folder or hub id (default: the bundled all-MiniLM-L6-v2)")
+    embed.add_argument("--text-column", default="text")
+    embed.add_argument("--id-column", help="written beside each vector (default: the row number, as 'id')")
+    embed.add_argument("--input-format", choices=["jsonl", "csv", "parquet"], help="default: from the suffix")
+    embed.add_argument("--dimensions", type=int, help="keep the first N values, re-normalized (Matryoshka)")
+    embed.add_argument("--prompt-name", help="the model's prompt of this name before every text")
+    embed.add_argument("--input-type", help="document, query, ...: the model's prompt for that kind")
+    embed.add_argument(
+        "--shard-rows",
+        type=int,
+        default=DEFAULT_SHARD_ROWS,
+        help="rows per output shard; a rerun after a crash skips the finished shards",
+    )
+    embed.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run on a Ray cluster through Ray Data (no ADDRESS: the cluster this machine belongs to, "
+        "or a local one)",
+    )
+    embed.add_argument(
+        "--ray-workers", type=int, help="engine actors on Ray (default: one per GPU, or 1 on CPUs)"
+    )
+    add_engine_flags(embed)
+    return embed
+
+
+def job_config(args: argparse.Namespace) -> JobConfig:
+    return JobConfig(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        input_format=args.input_format,
+        dimensions=args.dimensions,
+        prompt_name=args.prompt_name,
+        input_type=args.input_type,
+        shard_rows=args.shard_rows,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        cuda_graphs=args.cuda_graphs,
+        bidirectional=args.bidirectional,
+        max_model_len=args.max_model_len,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_seqs=args.max_batch_seqs,
+        max_queue_tokens=args.max_queue_tokens,
+    )
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    from api.bulk.errors import JobError
+    from api.bulk.job import run_job
+
+    config = job_config(args)
+    try:
+        if args.ray is not None:
+            from api.bulk.ray_job import run_ray_job
+
+            run_ray_job(config, args.ray, args.ray_workers)
+        else:
+            asyncio.run(run_job(config))
+    except JobError as error:
+        print(f"posy embed: {error}", file=sys.stderr)
+        return 2
+    return 0

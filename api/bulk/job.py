@@ -1,0 +1,192 @@
+"""`posy embed` on this machine: the input's shards through the in-process engine (no HTTP), each written
+as soon as it is done. While one shard runs on the model the next is read and tokenized; within a shard,
+chunks of texts go to the engine together, as many as its queue takes, so that batches stay full."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from api.bulk.config import JobConfig
+from api.bulk.errors import JobError
+from api.bulk.output import Output
+from api.bulk.progress import JobProgress
+from api.bulk.source import Shard, Source, input_format
+from api.encoding import check_dimensions, truncate_dimensions
+from api.errors import InvalidInput
+from api.prompts import select_prompt
+from api.tokenize import TextEncoder
+from engine.build import build_engine
+from engine.config import EngineConfig, sized_for
+from engine.device import resolve_device, resolve_dtype
+from engine.engine import Engine
+from engine.loader import ModelSpec, resolve_model
+from engine.passing_thread import await_in_passing_thread
+
+logger = logging.getLogger(__name__)
+
+CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
+SHARDS_IN_FLIGHT = 2  # one on the model while the next is read and tokenized
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    rows: int  # embedded by this run
+    skipped_rows: int  # in shards an earlier run finished
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobModel:
+    """What every worker of a job builds the same way: the model, its tokenizer, prompt and engine config."""
+
+    spec: ModelSpec
+    encoder: TextEncoder
+    prompt: str
+    engine_config: EngineConfig
+    dimensions: int | None
+
+    @classmethod
+    def load(cls, config: JobConfig) -> JobModel:
+        import dataclasses
+
+        if config.shard_rows < 1:
+            raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
+        try:
+            spec = resolve_model(config.model, bidirectional=config.bidirectional)
+            if config.max_model_len is not None:
+                window = min(spec.max_seq_length, config.max_model_len)
+                spec = dataclasses.replace(spec, max_seq_length=window)
+            if spec.task != "embed":
+                raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
+            check_dimensions(config.dimensions, spec.output_dim, "--dimensions")
+            prompt = select_prompt(
+                spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
+            )
+            device = resolve_device(config.device)
+            engine_config = sized_for(
+                spec.max_seq_length, device, resolve_dtype(config.dtype, device), config.attention_backend,
+                config.cuda_graphs, config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens,
+            )  # fmt: skip
+        except (InvalidInput, ValueError) as error:
+            raise JobError(str(error)) from error
+        encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
+        return cls(spec, encoder, prompt, engine_config, config.dimensions)
+
+    def job_identity(self, config: JobConfig) -> dict:
+        """What the output's rows depend on: a rerun into the same output must ask for the same."""
+        fields = ("input", "text_column", "id_column", "dimensions", "shard_rows")
+        return {
+            **{name: asdict(config)[name] for name in fields},
+            "model": self.spec.name,
+            "prompt": self.prompt,
+            "window": self.spec.max_seq_length,
+            "dtype": self.engine_config.dtype,
+        }
+
+    async def embed(
+        self, engine: Engine, texts: Sequence[str], budget: TokenBudget
+    ) -> tuple[np.ndarray, int]:
+        """(vectors in input order, tokens) of `texts`; texts over the window are truncated to it, as
+        sentence-transformers does."""
+        chunks = [texts[start : start + CHUNK_TEXTS] for start in range(0, len(texts), CHUNK_TEXTS)]
+        results = await asyncio.gather(*(self._embed_chunk(engine, chunk, budget) for chunk in chunks))
+        vectors = np.concatenate([rows for rows, _ in results])
+        return truncate_dimensions(vectors, self.dimensions), sum(tokens for _, tokens in results)
+
+    async def _embed_chunk(self, engine: Engine, texts: Sequence[str], budget: TokenBudget):
+        prompted = [self.prompt + text for text in texts] if self.prompt else texts
+        sequences = await asyncio.to_thread(self.encoder.encode, prompted, self.spec.max_seq_length, True)
+        tokens = sum(map(len, sequences))
+        async with budget.hold(tokens):
+            rows = await engine.run(sequences)
+        return rows, tokens
+
+
+class TokenBudget:
+    """Tokens handed to the engine and not yet back, at most its queue's: more would be refused."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, tokens: int) -> AsyncIterator[None]:
+        async with self._changed:
+            # a chunk alone always goes (the engine refuses it only if it is over its whole queue)
+            await self._changed.wait_for(lambda: self.held == 0 or self.held + tokens <= self.limit)
+            self.held += tokens
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.held -= tokens
+                self._changed.notify_all()
+
+
+async def run_job(config: JobConfig) -> JobResult:
+    source_format = input_format(config.input, config.input_format)
+    source = Source(config.input, source_format, config.text_column, config.id_column)
+    model = JobModel.load(config)
+    output = Output(config.output, model.job_identity(config))
+    output.open()
+    if output.complete:
+        rows = sum(entry["rows"] for entry in output.shards.values())
+        logger.info("%s already holds this job's %d rows: nothing to do", config.output, rows)
+        return JobResult(0, rows, 0, 0.0)
+    if output.shards:
+        rows = sum(entry["rows"] for entry in output.shards.values())
+        logger.info("taking up %d finished shards (%d rows) in %s", len(output.shards), rows, config.output)
+    total_rows = await asyncio.to_thread(source.num_rows)
+    engine = await await_in_passing_thread(lambda: build_engine(model.spec, model.engine_config))
+    progress = JobProgress(total_rows, logger)
+    try:
+        await _run_shards(source, config, model, engine, output, progress)
+    finally:
+        progress.close()
+        engine.stop()
+    output.finish()
+    logger.info("%s; written to %s", progress.line(), config.output)
+    return JobResult(progress.rows, progress.skipped_rows, progress.tokens, progress.seconds)
+
+
+async def _run_shards(
+    source: Source, config: JobConfig, model: JobModel, engine: Engine, output: Output, progress: JobProgress
+) -> None:
+    budget = TokenBudget(model.engine_config.max_queue_tokens)
+    id_column = config.id_column or "id"
+    shards = source.shards(config.shard_rows)
+    pending: deque[tuple[Shard, asyncio.Task]] = deque()
+
+    async def write_first() -> None:
+        shard, task = pending.popleft()
+        vectors, tokens = await task
+        await asyncio.to_thread(output.write_shard, shard.index, id_column, shard.ids, vectors)
+        progress.embedded(len(shard.ids), tokens)
+
+    try:
+        while (shard := await asyncio.to_thread(next, shards, None)) is not None:
+            if shard.index in output.shards:
+                output.check_finished(shard.index, shard.ids)
+                progress.skipped(len(shard.ids))
+                continue
+            pending.append((shard, asyncio.create_task(model.embed(engine, shard.texts, budget))))
+            while pending and (len(pending) > SHARDS_IN_FLIGHT or pending[0][1].done()):
+                await write_first()
+        while pending:
+            await write_first()
+    finally:
+        for _, task in pending:
+            task.cancel()

@@ -1,0 +1,104 @@
+"""A bulk job's output: a folder of Parquet shards (part-00000.parquet, ...: the ids and a float32 vector
+per row) and _manifest.json, which names the job and every finished shard. A shard is written under a
+hidden name and moved into place, then recorded; a job killed at any point leaves finished shards and at
+most one unrecorded one, which a rerun writes again. Readers (pyarrow.dataset, pandas, Spark) skip the
+underscore and dot files, so the folder reads as one table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from api.bulk.errors import JobError
+from api.bulk.source import filesystem
+
+MANIFEST = "_manifest.json"
+EMBEDDING_COLUMN = "embedding"
+
+
+def shard_file(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+@dataclass(slots=True)
+class Output:
+    uri: str
+    job: dict[str, Any]  # what a shard's rows depend on; a rerun with another job is refused
+    shards: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished: index -> rows, ids
+    complete: bool = False
+
+    def open(self) -> None:
+        """Creates the folder, or takes up the finished shards of the same job written there before."""
+        fs, path = filesystem(self.uri)
+        fs.create_dir(path, recursive=True)
+        try:
+            with fs.open_input_stream(f"{path}/{MANIFEST}") as stream:
+                manifest = json.loads(stream.read())
+        except FileNotFoundError:
+            self._write_manifest()
+            return
+        if manifest.get("job") != self.job:
+            raise JobError(
+                f"{self.uri} holds the shards of another job ({manifest.get('job')}): "
+                "give another --output, or delete it"
+            )
+        self.shards = {int(index): entry for index, entry in manifest.get("shards", {}).items()}
+        self.complete = bool(manifest.get("complete"))
+
+    def check_finished(self, index: int, ids: Sequence[Any]) -> None:
+        """A finished shard's ids must be the input's still: otherwise the input changed under the job."""
+        entry = self.shards[index]
+        if entry["rows"] != len(ids) or entry["first_id"] != ids[0] or entry["last_id"] != ids[-1]:
+            raise JobError(
+                f"the input's shard {index} is not the one {self.uri} holds ({entry}): the input changed "
+                "since; give another --output, or delete it"
+            )
+
+    def write_shard(self, index: int, id_column: str, ids: Sequence[Any], vectors: np.ndarray) -> None:
+        fs, path = filesystem(self.uri)
+        table = pa.table({id_column: pa.array(ids), EMBEDDING_COLUMN: fixed_size_vectors(vectors)})
+        hidden = f"{path}/.{shard_file(index)}.partial"
+        pq.write_table(table, hidden, filesystem=fs)
+        fs.move(hidden, f"{path}/{shard_file(index)}")
+        self.shards[index] = {"rows": len(ids), "first_id": ids[0], "last_id": ids[-1]}
+        self._write_manifest()
+
+    def finish(self) -> None:
+        """Marks the job done; a shard the input no longer has (a shorter input) would be an error."""
+        self.complete = True
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        fs, path = filesystem(self.uri)
+        manifest = {
+            "job": self.job,
+            "shards": {str(index): self.shards[index] for index in sorted(self.shards)},
+            "complete": self.complete,
+        }
+        hidden = f"{path}/.{MANIFEST}.partial"
+        with fs.open_output_stream(hidden) as stream:
+            stream.write(json.dumps(manifest, indent=1).encode())
+        fs.move(hidden, f"{path}/{MANIFEST}")
+
+
+def fixed_size_vectors(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    rows = np.ascontiguousarray(vectors, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])
+
+
+def read_output(uri: str) -> pa.Table:
+    """Every shard in order, as one table (what a user of the output reads)."""
+    fs, path = filesystem(uri)
+    files = sorted(
+        info.path
+        for info in fs.get_file_info(pafs.FileSelector(path))
+        if info.base_name.startswith("part-") and info.base_name.endswith(".parquet")
+    )
+    return pa.concat_tables([pq.read_table(file, filesystem=fs) for file in files])

@@ -1,0 +1,136 @@
+"""A bulk job's input: JSONL, CSV or Parquet, local or on any filesystem pyarrow understands (s3://...),
+read in record batches so that a file larger than memory streams, and cut into shards of a fixed number
+of rows, so that shard k is the same rows on every run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from api.bulk.errors import JobError
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+READ_BLOCK_BYTES = 16 << 20  # of JSONL and CSV per record batch
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path in it) of a local path or a URI (s3://bucket/key, file:///...)."""
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+def input_format(uri: str, given: str | None) -> str:
+    if given is not None:
+        return given
+    suffix = Path(uri.split("?")[0]).suffix.lower()
+    if suffix not in FORMATS:
+        known = "give --input-format jsonl, csv or parquet"
+        raise JobError(f"cannot tell the format of {uri} from its suffix: {known}")
+    return FORMATS[suffix]
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    index: int
+    ids: list[Any]  # the id column's values, or row numbers
+    texts: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    uri: str
+    format: str
+    text_column: str
+    id_column: str | None  # None: a row's number (from 0) is its id
+
+    def num_rows(self) -> int | None:
+        """Known up front for Parquet (its footer); None for the text formats."""
+        if self.format != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        fs, path = filesystem(self.uri)
+        return pq.ParquetFile(path, filesystem=fs).metadata.num_rows
+
+    def shards(self, shard_rows: int) -> Iterator[Shard]:
+        """Shards of `shard_rows` rows in input order (the last may be shorter)."""
+        ids: list[Any] = []
+        texts: list[str] = []
+        first_row = index = 0
+        for batch in self._batches():
+            batch_texts, batch_ids = self._columns(batch, first_row + len(texts))
+            texts += batch_texts
+            ids += batch_ids
+            while len(texts) >= shard_rows:
+                yield Shard(index, ids[:shard_rows], texts[:shard_rows])
+                ids, texts = ids[shard_rows:], texts[shard_rows:]
+                first_row += shard_rows
+                index += 1
+        if texts:
+            yield Shard(index, ids, texts)
+
+    def _columns(self, batch: pa.RecordBatch, first_row: int) -> tuple[list[str], list[Any]]:
+        names = batch.schema.names
+        if self.text_column not in names:
+            column = self.text_column
+            raise JobError(f"{self.uri} has no column '{column}' (it has {names}): give --text-column")
+        texts = batch.column(self.text_column)
+        if texts.null_count:
+            row = first_row + texts.is_null().to_pylist().index(True)
+            raise JobError(f"{self.uri}: row {row} has no '{self.text_column}'")
+        if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
+            raise JobError(f"{self.uri}: column '{self.text_column}' holds {texts.type}, not text")
+        if self.id_column is None:
+            return texts.to_pylist(), list(range(first_row, first_row + len(batch)))
+        if self.id_column not in names:
+            raise JobError(f"{self.uri} has no column '{self.id_column}' (it has {names}): give --id-column")
+        return texts.to_pylist(), batch.column(self.id_column).to_pylist()
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        fs, path = filesystem(self.uri)
+        try:
+            if self.format == "parquet":
+                import pyarrow.parquet as pq
+
+                columns = [self.text_column] + ([self.id_column] if self.id_column else [])
+                parquet = pq.ParquetFile(path, filesystem=fs)
+                missing = [name for name in columns if name not in parquet.schema_arrow.names]
+                if missing:
+                    names = parquet.schema_arrow.names
+                    raise JobError(f"{self.uri} has no column {missing[0]!r} (it has {names})")
+                yield from parquet.iter_batches(batch_size=64 * 1024, columns=columns)
+                return
+            with fs.open_input_stream(path) as stream:
+                yield from self._text_batches(stream)
+        except FileNotFoundError as error:
+            raise JobError(f"no input at {self.uri}") from error
+        except pa.ArrowInvalid as error:
+            raise JobError(f"{self.uri} is not valid {self.format}: {error}") from error
+
+    def _text_batches(self, stream) -> Iterator[pa.RecordBatch]:
+        # ids and texts read as written: a numeric-looking text column stays text
+        types = {self.text_column: pa.string()}
+        if self.format == "csv":
+            import pyarrow.csv as csv
+
+            reader = csv.open_csv(
+                stream,
+                read_options=csv.ReadOptions(block_size=READ_BLOCK_BYTES),
+                convert_options=csv.ConvertOptions(column_types=types),
+            )
+        else:
+            import pyarrow.json as json
+
+            schema = pa.schema([(self.text_column, pa.string())])
+            reader = json.open_json(
+                stream,
+                read_options=json.ReadOptions(block_size=READ_BLOCK_BYTES),
+                parse_options=json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+            )
+        yield from reader

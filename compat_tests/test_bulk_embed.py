@@ -1,0 +1,103 @@
+"""`posy embed` on this machine, as a user runs it: 20,000 rows embedded through the in-process engine
+equal /v1/embeddings' vectors, in input order; a job killed with SIGKILL midway resumes from its finished
+shards to the same output as an uninterrupted run; other formats, Matryoshka dimensions and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from api.bulk.output import MANIFEST, read_output
+
+from .conftest import REPO_ROOT, server_env
+from .contract import MODEL
+from .corpus import JOB_TIMEOUT_S, STS_TEST, assert_rows_match, http_vectors, posy_embed, write_corpus
+
+pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason=f"no STS Benchmark test split at {STS_TEST}")
+SHARD_ROWS = 2_000  # 10 shards
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def expected(corpus, embed):
+    return http_vectors(embed, corpus.texts)
+
+
+@pytest.fixture(scope="module")
+def local_output(corpus, tmp_path_factory):
+    output = tmp_path_factory.mktemp("local") / "vectors"
+    posy_embed(str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", "2000")
+    return output
+
+
+def test_a_local_job_equals_the_http_api_in_input_order(local_output, corpus, expected):
+    table = read_output(str(local_output))
+    assert table.column("id").to_pylist() == corpus.ids  # the shards in order are the input's order
+    assert_rows_match(table, corpus, expected)
+    manifest = json.loads((local_output / MANIFEST).read_text())
+    assert manifest["complete"] and len(manifest["shards"]) == 10
+
+
+def finished_shards(output) -> int:
+    try:
+        return len(json.loads((output / MANIFEST).read_text())["shards"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
+def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(corpus, local_output, tmp_path):
+    output = tmp_path / "vectors"
+    args = [str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", str(SHARD_ROWS)]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "api", "embed", *args], cwd=REPO_ROOT, env=server_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while finished_shards(output) < 3 and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    killed_at = finished_shards(output)
+    assert 3 <= killed_at < 10, killed_at
+    assert not json.loads((output / MANIFEST).read_text())["complete"]
+
+    rerun = posy_embed(*args)
+    assert f"taking up {killed_at} finished shards" in rerun.stderr
+    resumed, uninterrupted = read_output(str(output)), read_output(str(local_output))
+    assert resumed.column("id").to_pylist() == uninterrupted.column("id").to_pylist()  # none lost, none twice
+    vectors = np.array(resumed.column("embedding").to_pylist(), dtype=np.float32)
+    reference = np.array(uninterrupted.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.allclose(vectors, reference, atol=1e-6)
+    # a third run finds the job done and leaves the output as it is
+    assert "nothing to do" in posy_embed(*args).stderr
+
+
+def test_csv_input_with_matryoshka_dimensions_equals_the_http_api(tmp_path, embed):
+    texts = ["A man is playing a guitar.", "A woman slices an onion, quickly.", 'She said "hi" twice.']
+    quoted = ['"' + text.replace('"', '""') + '"' for text in texts]  # CSV's quoting
+    (tmp_path / "in.csv").write_text("text\n" + "".join(line + "\n" for line in quoted))
+    posy_embed(str(tmp_path / "in.csv"), "--output", str(tmp_path / "out"), "--dimensions", "128")
+    table = read_output(str(tmp_path / "out"))
+    assert table.column("id").to_pylist() == [0, 1, 2]  # row numbers without --id-column
+    vectors = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert vectors.shape == (3, 128)
+    assert np.allclose(vectors, embed(texts, MODEL, dimensions=128), atol=1e-5)
+
+
+def test_bad_input_or_a_rerank_model_fails_with_a_clear_message_and_status_2(tmp_path, corpus):
+    (tmp_path / "in.jsonl").write_text('{"body": "no text here"}\n')
+    done = posy_embed(str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"), check=False)
+    assert done.returncode == 2 and "row 0 has no 'text'" in done.stderr
+    done = posy_embed(str(corpus.path), "--output", str(tmp_path / "o2"), "--dimensions", "999", check=False)
+    assert done.returncode == 2 and "--dimensions must be between 1 and the model's 384" in done.stderr
