@@ -65,11 +65,14 @@ def assert_rows_match(table: pa.Table, corpus: Corpus, expected: dict[str, np.nd
     assert cosines.min() >= SAME_VECTOR, (cosines.argmin(), cosines.min())
 
 
-def posy_embed(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def posy_embed(
+    *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`posy embed ...` as a user runs it (python -m api: the same entry point)."""
     command = [sys.executable, "-m", "api", "embed", *args]
+    environment = {**server_env(), **(env or {})}
     done = subprocess.run(
-        command, cwd=REPO_ROOT, env=server_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+        command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
     )
     if check:
         assert done.returncode == 0, done.stderr[-4000:]

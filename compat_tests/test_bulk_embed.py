@@ -1,6 +1,7 @@
 """`posy embed` on this machine, as a user runs it: 20,000 rows embedded through the in-process engine
 equal /v1/embeddings' vectors, in input order; a job killed with SIGKILL midway resumes from its finished
-shards to the same output as an uninterrupted run; other formats, Matryoshka dimensions and bad input."""
+shards to the same output as an uninterrupted run; other formats, Matryoshka dimensions, bad input, and
+input and output on object storage (a loopback S3 server, moto's)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,51 @@ def test_bad_input_or_a_rerank_model_fails_with_a_clear_message_and_status_2(tmp
     assert done.returncode == 2 and "row 0 has no 'text'" in done.stderr
     done = posy_embed(str(corpus.path), "--output", str(tmp_path / "o2"), "--dimensions", "999", check=False)
     assert done.returncode == 2 and "--dimensions must be between 1 and the model's 384" in done.stderr
+
+
+@pytest.fixture
+def s3():
+    """(endpoint "host:port", credentials) of a loopback S3 server holding an empty bucket "corpus"."""
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    credentials = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    session = boto3.session.Session(
+        aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    )
+    session.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="corpus")
+    try:
+        yield f"{host}:{port}", credentials
+    finally:
+        server.stop()
+
+
+def test_a_job_reads_and_writes_object_storage(s3, tmp_path, embed, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from api.bulk.source import filesystem
+
+    endpoint, credentials = s3
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    options = f"?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+    texts = [f"sentence {i} about {'penguins' if i % 2 else 'trains'}" for i in range(300)]
+    fs, path = filesystem(f"s3://corpus/in.parquet{options}")
+    pq.write_table(pa.table({"text": texts}), path, filesystem=fs)
+    output = f"s3://corpus/vectors{options}"
+    posy_embed(f"s3://corpus/in.parquet{options}", "--output", output, "--shard-rows", "128", env=credentials)
+    table = read_output(output)
+    assert table.column("id").to_pylist() == list(range(300))
+    vectors = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.allclose(vectors, embed(texts), atol=1e-5)
+    listed = sorted(info.base_name for info in fs.get_file_info(pafs.FileSelector("corpus/vectors")))
+    assert listed == [MANIFEST, "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]

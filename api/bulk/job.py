@@ -5,10 +5,9 @@ chunks of texts go to the engine together, as many as its queue takes, so that b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -99,19 +98,33 @@ class JobModel:
         self, engine: Engine, texts: Sequence[str], budget: TokenBudget
     ) -> tuple[np.ndarray, int]:
         """(vectors in input order, tokens) of `texts`; texts over the window are truncated to it, as
-        sentence-transformers does."""
-        chunks = [texts[start : start + CHUNK_TEXTS] for start in range(0, len(texts), CHUNK_TEXTS)]
-        results = await asyncio.gather(*(self._embed_chunk(engine, chunk, budget) for chunk in chunks))
-        vectors = np.concatenate([rows for rows, _ in results])
-        return truncate_dimensions(vectors, self.dimensions), sum(tokens for _, tokens in results)
+        sentence-transformers does. Chunks are tokenized one after another, each sent to the engine as
+        soon as it is and its queue has room: the thread that tokenizes holds the GIL while it builds the
+        id lists, and several at once starved the engine's own thread (0.6 of its rate on the H200)."""
+        runs: list[asyncio.Task] = []
+        total = 0
+        try:
+            for start in range(0, len(texts), CHUNK_TEXTS):
+                chunk = texts[start : start + CHUNK_TEXTS]
+                prompted = [self.prompt + text for text in chunk] if self.prompt else chunk
+                window = self.spec.max_seq_length
+                sequences = await asyncio.to_thread(self.encoder.encode, prompted, window, True)
+                tokens = sum(map(len, sequences))
+                await budget.acquire(tokens)
+                runs.append(asyncio.create_task(_run(engine, sequences, tokens, budget)))
+                total += tokens
+            vectors = np.concatenate(await asyncio.gather(*runs))
+        finally:
+            for run in runs:
+                run.cancel()
+        return truncate_dimensions(vectors, self.dimensions), total
 
-    async def _embed_chunk(self, engine: Engine, texts: Sequence[str], budget: TokenBudget):
-        prompted = [self.prompt + text for text in texts] if self.prompt else texts
-        sequences = await asyncio.to_thread(self.encoder.encode, prompted, self.spec.max_seq_length, True)
-        tokens = sum(map(len, sequences))
-        async with budget.hold(tokens):
-            rows = await engine.run(sequences)
-        return rows, tokens
+
+async def _run(engine: Engine, sequences: list[list[int]], tokens: int, budget: TokenBudget) -> np.ndarray:
+    try:
+        return await engine.run(sequences)
+    finally:
+        await budget.release(tokens)
 
 
 class TokenBudget:
@@ -122,18 +135,16 @@ class TokenBudget:
         self.held = 0
         self._changed = asyncio.Condition()
 
-    @contextlib.asynccontextmanager
-    async def hold(self, tokens: int) -> AsyncIterator[None]:
+    async def acquire(self, tokens: int) -> None:
         async with self._changed:
             # a chunk alone always goes (the engine refuses it only if it is over its whole queue)
             await self._changed.wait_for(lambda: self.held == 0 or self.held + tokens <= self.limit)
             self.held += tokens
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self.held -= tokens
-                self._changed.notify_all()
+
+    async def release(self, tokens: int) -> None:
+        async with self._changed:
+            self.held -= tokens
+            self._changed.notify_all()
 
 
 async def run_job(config: JobConfig) -> JobResult:
