@@ -61,9 +61,13 @@ class Output:
                 "since; give another --output, or delete it"
             )
 
-    def write_shard(self, index: int, id_column: str, ids: Sequence[Any], vectors: np.ndarray) -> None:
+    def write_shard(
+        self, index: int, id_column: str, ids: Sequence[Any], parts: Sequence[np.ndarray]
+    ) -> None:
+        """Shard `index`: its ids and vectors (rows in order, in one or more arrays)."""
         fs, path = filesystem(self.uri)
-        table = pa.table({id_column: pa.array(ids), EMBEDDING_COLUMN: fixed_size_vectors(vectors)})
+        vectors = fixed_size_vectors(np.concatenate(parts))
+        table = pa.table({id_column: pa.array(ids), EMBEDDING_COLUMN: vectors})
         hidden = f"{path}/.{shard_file(index)}.partial"
         pq.write_table(table, hidden, filesystem=fs)
         fs.move(hidden, f"{path}/{shard_file(index)}")

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 
+import numpy as np
 import pyarrow as pa
 
 from api.bulk.config import JobConfig
@@ -44,9 +45,10 @@ class EmbedWorker:
             budget = self.budget_class(self.model.engine_config.max_queue_tokens)
             return await self.model.embed(self.engine, texts, budget)
 
-        vectors, _ = self.loop.run_until_complete(embed())
+        parts, _ = self.loop.run_until_complete(embed())
+        vectors = fixed_size_vectors(np.concatenate(parts))
         id_column = self.config.id_column or "id"
-        return pa.table({id_column: batch.column(id_column), EMBEDDING_COLUMN: fixed_size_vectors(vectors)})
+        return pa.table({id_column: batch.column(id_column), EMBEDDING_COLUMN: vectors})
 
 
 def run_ray_job(config: JobConfig, address: str, num_workers: int | None) -> float:

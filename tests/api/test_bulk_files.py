@@ -78,8 +78,8 @@ def test_output_shards_read_back_in_order_and_a_rerun_takes_them_up(tmp_path):
     output = Output(str(tmp_path / "out"), job)
     output.open()
     vectors = np.arange(12, dtype=np.float32).reshape(4, 3)
-    output.write_shard(1, "id", ["c", "d"], vectors[2:])
-    output.write_shard(0, "id", ["a", "b"], vectors[:2])
+    output.write_shard(1, "id", ["c", "d"], [vectors[2:3], vectors[3:]])  # a shard's rows in parts
+    output.write_shard(0, "id", ["a", "b"], [vectors[:2]])
     output.finish()
     table = read_output(str(tmp_path / "out"))
     assert table.column("id").to_pylist() == ["a", "b", "c", "d"]
