@@ -84,6 +84,23 @@ def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(corpus, local_o
     assert "nothing to do" in posy_embed(*args).stderr
 
 
+def test_ctrl_c_stops_a_job_with_status_130_and_keeps_its_shards(corpus, tmp_path):
+    output = tmp_path / "vectors"
+    args = [str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", str(SHARD_ROWS)]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "api", "embed", *args], cwd=REPO_ROOT, env=server_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while finished_shards(output) < 1 and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 130, stderr[-2000:]
+    assert "interrupted: the finished shards are kept" in stderr and "Traceback" not in stderr
+    assert 1 <= finished_shards(output) < 10
+
+
 def test_csv_input_with_matryoshka_dimensions_equals_the_http_api(tmp_path, embed):
     texts = ["A man is playing a guitar.", "A woman slices an onion, quickly.", 'She said "hi" twice.']
     quoted = ['"' + text.replace('"', '""') + '"' for text in texts]  # CSV's quoting

@@ -70,10 +70,15 @@ def job_config(args: argparse.Namespace) -> JobConfig:
 
 
 def run_embed(args: argparse.Namespace) -> int:
+    """0 when the output is complete; 2 for a job that cannot run as asked; 1 when the model failed and
+    130 on Ctrl-C, both with the finished shards kept for a rerun (not with --ray)."""
     from api.bulk.errors import JobError
     from api.bulk.job import run_job
+    from engine.errors import EngineError
 
     config = job_config(args)
+    kept = ": the finished shards are kept, the same command resumes the job"
+    resume = "" if args.ray is not None else kept
     try:
         if args.ray is not None:
             from api.bulk.ray_job import run_ray_job
@@ -84,4 +89,10 @@ def run_embed(args: argparse.Namespace) -> int:
     except JobError as error:
         print(f"posy embed: {error}", file=sys.stderr)
         return 2
+    except EngineError as error:
+        print(f"posy embed: {error}{resume}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"posy embed: interrupted{resume}", file=sys.stderr)
+        return 130
     return 0

@@ -1,0 +1,100 @@
+"""The bulk job's pipeline on the bundled model's tokenizer with a stand-in engine: shards are written in
+input order whatever order the engine finishes chunks in, the engine's queue is never overrun, and a
+model failure midway stops the job with its finished shards kept for a rerun (exit status 1)."""
+
+import argparse
+import asyncio
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from api.bulk import cli, job
+from api.bulk.config import JobConfig
+from api.bulk.output import MANIFEST, read_output
+from engine.errors import EngineError
+
+NUM_ROWS = 5000
+
+
+class StandInEngine:
+    """Answers each text's row as [its first content token id, 0, ...] after a random delay, so that
+    chunks finish out of order; fails any call with the token id `fail_on` in it."""
+
+    def __init__(self, fail_on: int | None = None):
+        self.queued = self.most_queued = 0
+        self.fail_on = fail_on
+        self.rng = random.Random(0)
+
+    async def run(self, sequences, token_type_ids=None):
+        if any(self.fail_on in ids for ids in sequences):
+            raise EngineError("model step failed: RuntimeError")
+        tokens = sum(map(len, sequences))
+        self.queued += tokens
+        self.most_queued = max(self.most_queued, self.queued)
+        await asyncio.sleep(self.rng.random() / 100)
+        self.queued -= tokens
+        rows = np.zeros((len(sequences), 384), dtype=np.float32)
+        rows[:, 0] = [ids[1] for ids in sequences]
+        return rows
+
+    def stop(self):
+        pass
+
+
+FAILING_FROM = 3500  # rows from here on say "late": the failing engine's cue (shard 5 of 700-row shards)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    texts = [f"text {i}" if i < FAILING_FROM else f"late text {i}" for i in range(NUM_ROWS)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    return tmp_path / "in.parquet"
+
+
+def run_with(monkeypatch, engine, config):
+    monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: engine)
+    return asyncio.run(job.run_job(config))
+
+
+def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, tmp_path, monkeypatch):
+    config = JobConfig(
+        str(corpus), str(tmp_path / "out"), shard_rows=700, max_queue_tokens=8192, device="cpu"
+    )
+    engine = StandInEngine()
+    monkeypatch.setattr(job, "CHUNK_TEXTS", 100)  # 50 chunks: many in flight at once
+    result = run_with(monkeypatch, engine, config)
+    assert result.rows == NUM_ROWS and engine.most_queued <= 8192
+    table = read_output(str(tmp_path / "out"))
+    assert table.column("id").to_pylist() == list(range(NUM_ROWS))
+    first_tokens = np.array(table.column("embedding").to_pylist(), dtype=np.float32)[:, 0]
+    encoder = job.JobModel.load(config).encoder
+    texts = pq.read_table(corpus).column("text").to_pylist()
+    expected = [ids[1] for ids in encoder.encode(texts, None, True)]
+    assert first_tokens.tolist() == expected  # every row is its own text's
+
+
+def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tmp_path, monkeypatch, capsys):
+    output = tmp_path / "out"
+    monkeypatch.setattr(job, "CHUNK_TEXTS", 100)
+    late = job.JobModel.load(JobConfig(str(corpus), str(output), device="cpu")).encoder.content_ids(["late"])[
+        0
+    ][0]
+    monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: StandInEngine(fail_on=late))
+    args = argparse.Namespace(
+        **{name: None for name in ("model", "id_column", "input_format", "dimensions", "prompt_name")},
+        input=str(corpus), output=str(output), text_column="text", input_type=None, shard_rows=700,
+        device="cpu", dtype="auto", attention_backend="auto", cuda_graphs="lazy", bidirectional=False,
+        max_model_len=None, max_batch_tokens=None, max_batch_seqs=512, max_queue_tokens=None, ray=None,
+    )  # fmt: skip
+    assert cli.run_embed(args) == 1
+    assert "model step failed" in capsys.readouterr().err
+    manifest = json.loads((output / MANIFEST).read_text())
+    assert not manifest["complete"] and sorted(map(int, manifest["shards"])) == [0, 1, 2, 3, 4]
+    # the rerun, with a working model, takes them up and completes
+    rerun = JobConfig(str(corpus), str(output), shard_rows=700, device="cpu")
+    assert run_with(monkeypatch, StandInEngine(), rerun).skipped_rows == FAILING_FROM
+    assert read_output(str(output)).column("id").to_pylist() == list(range(NUM_ROWS))
