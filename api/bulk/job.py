@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
 SHARDS_IN_FLIGHT = 2  # one on the model while the next is read and tokenized
+# shards written at once: encoding a 100k x 768 shard as Parquet takes a core 1.4 s (its list column's
+# levels), longer than the H200 embeds it in; writes release the GIL and spread over cores
+SHARD_WRITERS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,22 +178,48 @@ async def run_job(config: JobConfig) -> JobResult:
 async def _run_shards(
     source: Source, config: JobConfig, model: JobModel, engine: Engine, output: Output, progress: JobProgress
 ) -> None:
-    """Reads shards and hands them to the engine while a writer task writes the finished ones in order:
-    neither waits on the other, up to SHARDS_IN_FLIGHT shards embedding at once."""
+    """Reads shards and hands them to the engine while a writer task writes the finished ones (up to
+    SHARD_WRITERS at once): neither waits on the other, up to SHARDS_IN_FLIGHT shards embedding at once."""
     budget = TokenBudget(model.engine_config.max_queue_tokens)
     id_column = config.id_column or "id"
     shards = source.shards(config.shard_rows)
     embedding: asyncio.Queue[tuple[Shard, asyncio.Task] | None] = asyncio.Queue(maxsize=SHARDS_IN_FLIGHT)
     tasks: list[asyncio.Task] = []
 
-    async def write_in_order() -> None:
-        while (item := await embedding.get()) is not None:
-            shard, task = item
-            parts, tokens = await task
-            await asyncio.to_thread(output.write_shard, shard.index, id_column, shard.ids, parts)
-            progress.embedded(len(shard.ids), tokens)
+    async def write(shard: Shard, parts: list[np.ndarray], tokens: int) -> None:
+        await asyncio.to_thread(output.write_shard, shard.index, id_column, shard.ids, parts)
+        progress.embedded(len(shard.ids), tokens)
 
-    writer = asyncio.create_task(write_in_order())
+    async def write_finished() -> None:
+        writes: set[asyncio.Task] = set()
+        try:
+            while (item := await embedding.get()) is not None:
+                shard, task = item
+                parts, tokens = await task
+                while len(writes) >= SHARD_WRITERS:
+                    done, writes = await asyncio.wait(writes, return_when=asyncio.FIRST_COMPLETED)
+                    for finished in done:
+                        finished.result()  # a failed write stops the job
+                writes.add(asyncio.create_task(write(shard, parts, tokens)))
+            for finished in asyncio.as_completed(writes):
+                await finished
+        except BaseException:
+            # a failure (or Ctrl-C) elsewhere: the shards being written are finished work, keep them
+            await asyncio.gather(*writes, return_exceptions=True)
+            raise
+
+    writer = asyncio.create_task(write_finished())
+
+    async def hand_over(item: tuple[Shard, asyncio.Task] | None) -> bool:
+        """Queues `item` for the writer, waiting while SHARDS_IN_FLIGHT shards wait for it; False if the
+        writer has stopped (failed) instead, which would never take it."""
+        put = asyncio.create_task(embedding.put(item))
+        await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+            return False
+        return True
+
     try:
         while (shard := await asyncio.to_thread(next, shards, None)) is not None:
             if shard.index in output.shards:
@@ -198,14 +227,10 @@ async def _run_shards(
                 progress.skipped(len(shard.ids))
                 continue
             tasks.append(asyncio.create_task(model.embed(engine, shard.texts, budget)))
-            # waits while SHARDS_IN_FLIGHT shards wait for the writer, unless the writer has failed
-            put = asyncio.create_task(embedding.put((shard, tasks[-1])))
-            await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if writer.done():
-                put.cancel()
+            if not await hand_over((shard, tasks[-1])):
                 break
-        if not writer.done():
-            await embedding.put(None)
+        else:
+            await hand_over(None)
         await writer  # raises what the writer or an embedding raised
     finally:
         for task in (*tasks, writer):
