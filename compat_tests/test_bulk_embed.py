@@ -87,9 +87,11 @@ def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(corpus, local_o
 def test_ctrl_c_stops_a_job_with_status_130_and_keeps_its_shards(corpus, tmp_path):
     output = tmp_path / "vectors"
     args = [str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", str(SHARD_ROWS)]
+    # as from a terminal: a test run from a background shell (CI) would pass on SIGINT ignored
     job = subprocess.Popen(
         [sys.executable, "-m", "api", "embed", *args], cwd=REPO_ROOT, env=server_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while finished_shards(output) < 1 and job.poll() is None and time.monotonic() < deadline:
