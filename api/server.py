@@ -4,7 +4,6 @@ connects to replicas another process started (one ReplicaHandles per model)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -144,13 +143,7 @@ class Server:
         return self.start_replicas(index, spec, engine_config, num_replicas).pool
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
-        spec = resolve_model(model, bidirectional=self.config.bidirectional)
-        cap = self.config.max_model_len
-        if cap is not None:
-            if cap < 1:
-                raise ValueError(f"--max-model-len must be at least 1, not {cap}")
-            spec = dataclasses.replace(spec, max_seq_length=min(spec.max_seq_length, cap))
-        return spec
+        return resolve_model(model, self.config.bidirectional, self.config.max_model_len)
 
     def engine_config(self, max_window: int) -> EngineConfig:
         config = self.config

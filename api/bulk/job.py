@@ -60,15 +60,10 @@ class JobModel:
 
     @classmethod
     def load(cls, config: JobConfig) -> JobModel:
-        import dataclasses
-
         if config.shard_rows < 1:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
-            spec = resolve_model(config.model, bidirectional=config.bidirectional)
-            if config.max_model_len is not None:
-                window = min(spec.max_seq_length, config.max_model_len)
-                spec = dataclasses.replace(spec, max_seq_length=window)
+            spec = resolve_model(config.model, config.bidirectional, config.max_model_len)
             if spec.task != "embed":
                 raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
             check_dimensions(config.dimensions, spec.output_dim, "--dimensions")
@@ -156,12 +151,11 @@ async def run_job(config: JobConfig) -> JobResult:
     output = Output(config.output, model.job_identity(config))
     output.open()
     if output.complete:
-        rows = sum(entry["rows"] for entry in output.shards.values())
-        logger.info("%s already holds this job's %d rows: nothing to do", config.output, rows)
-        return JobResult(0, rows, 0, 0.0)
+        logger.info("%s already holds this job's %d rows: nothing to do", config.output, output.finished_rows)
+        return JobResult(0, output.finished_rows, 0, 0.0)
     if output.shards:
-        rows = sum(entry["rows"] for entry in output.shards.values())
-        logger.info("taking up %d finished shards (%d rows) in %s", len(output.shards), rows, config.output)
+        finished = (len(output.shards), output.finished_rows, config.output)
+        logger.info("taking up %d finished shards (%d rows) in %s", *finished)
     total_rows = await asyncio.to_thread(source.num_rows)
     engine = await await_in_passing_thread(lambda: build_engine(model.spec, model.engine_config))
     progress = JobProgress(total_rows, logger)

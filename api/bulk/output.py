@@ -55,6 +55,10 @@ class Output:
         self.shards = {int(index): entry for index, entry in manifest.get("shards", {}).items()}
         self.complete = bool(manifest.get("complete"))
 
+    @property
+    def finished_rows(self) -> int:
+        return sum(entry["rows"] for entry in self.shards.values())
+
     def check_finished(self, index: int, ids: Sequence[Any]) -> None:
         """A finished shard's ids must be the input's still: otherwise the input changed under the job."""
         entry = self.shards[index]
