@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,22 +58,46 @@ def finished_shards(output) -> int:
         return 0
 
 
+def processes_in_group(group: int) -> list[int]:
+    """Live processes of a process group (a job started in its own session, and its workers)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == group:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def wait_for_no_process_in(group: int, timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (members := processes_in_group(group)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return members
+
+
 def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(corpus, local_output, tmp_path):
     output = tmp_path / "vectors"
     args = [str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", str(SHARD_ROWS)]
+    # tokenized in worker processes, as beside a GPU: none of them may outlive the job
     job = subprocess.Popen(
-        [sys.executable, "-m", "api", "embed", *args], cwd=REPO_ROOT, env=server_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "api", "embed", *args, "--tokenizer-processes", "2"], cwd=REPO_ROOT,
+        env=server_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while finished_shards(output) < 3 and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert len(processes_in_group(job.pid)) >= 3, "the job and its 2 tokenizer processes"
     os.kill(job.pid, signal.SIGKILL)
     job.wait()
     killed_at = finished_shards(output)
     assert 3 <= killed_at < 10, killed_at
     assert not json.loads((output / MANIFEST).read_text())["complete"]
+    assert wait_for_no_process_in(job.pid) == []
 
+    # resumed with the tokenizer in a thread: the killed run's shards equal its own
     rerun = posy_embed(*args)
     assert f"taking up {killed_at} finished shards" in rerun.stderr
     resumed, uninterrupted = read_output(str(output)), read_output(str(local_output))
@@ -89,18 +114,19 @@ def test_ctrl_c_stops_a_job_with_status_130_and_keeps_its_shards(corpus, tmp_pat
     args = [str(corpus.path), "--output", str(output), "--id-column", "id", "--shard-rows", str(SHARD_ROWS)]
     # as from a terminal: a test run from a background shell (CI) would pass on SIGINT ignored
     job = subprocess.Popen(
-        [sys.executable, "-m", "api", "embed", *args], cwd=REPO_ROOT, env=server_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, "-m", "api", "embed", *args, "--tokenizer-processes", "2"], cwd=REPO_ROOT,
+        env=server_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while finished_shards(output) < 1 and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    job.send_signal(signal.SIGINT)
+    os.killpg(job.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole group: the workers too
     _, stderr = job.communicate(timeout=120)
     assert job.returncode == 130, stderr[-2000:]
     assert "interrupted: the finished shards are kept" in stderr and "Traceback" not in stderr
     assert 1 <= finished_shards(output) < 10
+    assert wait_for_no_process_in(job.pid) == []
 
 
 def test_csv_input_with_matryoshka_dimensions_equals_the_http_api(tmp_path, embed):

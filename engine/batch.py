@@ -57,7 +57,10 @@ def pack(
         raise ValueError("a packed batch needs at least one sequence and no empty sequence")
     num_tokens = sum(lengths)
     cu_seqlens = np.fromiter(itertools.accumulate(lengths, initial=0), dtype=np.int32, count=len(lengths) + 1)
-    flat_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=num_tokens)
+    if isinstance(token_ids[0], np.ndarray):  # views of one tokenized chunk (bulk jobs): no Python ints
+        flat_ids = np.concatenate(token_ids, dtype=np.int64)
+    else:
+        flat_ids = np.fromiter(itertools.chain.from_iterable(token_ids), dtype=np.int64, count=num_tokens)
     positions = np.arange(num_tokens, dtype=np.int64)
     if len(lengths) > 1:
         positions -= np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)

@@ -31,6 +31,12 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
         help="rows per output shard; a rerun after a crash skips the finished shards",
     )
     embed.add_argument(
+        "--tokenizer-processes",
+        type=int,
+        help="processes that tokenize beside the engine (default: up to 8 with a GPU, none on CPUs; "
+        "0: a thread of the job's process)",
+    )
+    embed.add_argument(
         "--ray",
         nargs="?",
         const="auto",
@@ -57,6 +63,7 @@ def job_config(args: argparse.Namespace) -> JobConfig:
         prompt_name=args.prompt_name,
         input_type=args.input_type,
         shard_rows=args.shard_rows,
+        tokenizer_processes=args.tokenizer_processes,
         device=args.device,
         dtype=args.dtype,
         attention_backend=args.attention_backend,

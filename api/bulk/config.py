@@ -19,6 +19,7 @@ class JobConfig:
     prompt_name: str | None = None
     input_type: str | None = None  # "document", "query", ...: the model's prompt for it
     shard_rows: int = DEFAULT_SHARD_ROWS
+    tokenizer_processes: int | None = None  # None: beside a GPU engine, a pool; beside a CPU one, none
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"

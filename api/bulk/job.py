@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
 from api.bulk.output import Output
@@ -91,33 +93,54 @@ class JobModel:
             "dtype": self.engine_config.dtype,
         }
 
+    def open_tokenizer(self, num_processes: int | None) -> ChunkTokenizer:
+        """None: worker processes beside a GPU engine, a thread beside a CPU one."""
+        tokenization = Tokenization(
+            self.spec.tokenizer_path, self.spec.max_seq_length, self.spec.vocab_size, self.prompt
+        )
+        if num_processes is None:
+            num_processes = default_num_processes(self.engine_config.device)
+        try:
+            return open_chunk_tokenizer(tokenization, num_processes)
+        except ValueError as error:
+            raise JobError(str(error)) from error
+
     async def embed(
-        self, engine: Engine, texts: Sequence[str], budget: TokenBudget
+        self, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget: TokenBudget
     ) -> tuple[list[np.ndarray], int]:
-        """(vectors in input order, as one array per chunk, and tokens) of `texts`; texts over the window
-        are truncated to it, as sentence-transformers does. Chunks are tokenized one after another, each
-        sent to the engine as soon as it is and its queue has room. The arrays stay apart: joining a
-        shard's (300 MB at 100k x 768) here would hold up the event loop, and with it every submission."""
+        """(vectors in input order, as one array per chunk, and tokens) of `texts`. Chunks go to the
+        tokenizer up to its lookahead ahead, and each to the engine, in order, as soon as it is tokenized
+        and the engine's queue has room. The arrays stay apart: joining a shard's (300 MB at 100k x 768)
+        here would hold up the event loop, and with it every submission."""
+        tokenizing: deque[asyncio.Future] = deque()
         runs: list[asyncio.Task] = []
         total = 0
+
+        async def hand_over(chunk: asyncio.Future) -> None:
+            nonlocal total
+            sequences = await chunk
+            tokens = sum(map(len, sequences))
+            await budget.acquire(tokens)
+            runs.append(asyncio.create_task(_run(engine, sequences, tokens, budget)))
+            total += tokens
+
         try:
             for start in range(0, len(texts), CHUNK_TEXTS):
-                chunk = texts[start : start + CHUNK_TEXTS]
-                prompted = [self.prompt + text for text in chunk] if self.prompt else chunk
-                window = self.spec.max_seq_length
-                sequences = await asyncio.to_thread(self.encoder.encode, prompted, window, True)
-                tokens = sum(map(len, sequences))
-                await budget.acquire(tokens)
-                runs.append(asyncio.create_task(_run(engine, sequences, tokens, budget)))
-                total += tokens
+                tokenizing.append(tokenizer.submit(texts[start : start + CHUNK_TEXTS]))
+                if len(tokenizing) > tokenizer.lookahead:
+                    await hand_over(tokenizing.popleft())
+            while tokenizing:
+                await hand_over(tokenizing.popleft())
             parts = await asyncio.gather(*runs)
         finally:
-            for run in runs:
-                run.cancel()
+            for future in (*tokenizing, *runs):
+                future.cancel()
         return [truncate_dimensions(part, self.dimensions) for part in parts], total
 
 
-async def _run(engine: Engine, sequences: list[list[int]], tokens: int, budget: TokenBudget) -> np.ndarray:
+async def _run(
+    engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
+) -> np.ndarray:
     try:
         return await engine.run(sequences)
     finally:
@@ -157,20 +180,30 @@ async def run_job(config: JobConfig) -> JobResult:
         finished = (len(output.shards), output.finished_rows, config.output)
         logger.info("taking up %d finished shards (%d rows) in %s", *finished)
     total_rows = await asyncio.to_thread(source.num_rows)
-    engine = await await_in_passing_thread(lambda: build_engine(model.spec, model.engine_config))
-    progress = JobProgress(total_rows, logger)
+    tokenizer = model.open_tokenizer(config.tokenizer_processes)  # its workers start while the model loads
     try:
-        await _run_shards(source, config, model, engine, output, progress)
+        engine = await await_in_passing_thread(lambda: build_engine(model.spec, model.engine_config))
+        progress = JobProgress(total_rows, logger)
+        try:
+            await _run_shards(source, config, model, engine, tokenizer, output, progress)
+        finally:
+            progress.close()
+            engine.stop()
     finally:
-        progress.close()
-        engine.stop()
+        tokenizer.close()
     output.finish()
     logger.info("%s; written to %s", progress.line(), config.output)
     return JobResult(progress.rows, progress.skipped_rows, progress.tokens, progress.seconds)
 
 
 async def _run_shards(
-    source: Source, config: JobConfig, model: JobModel, engine: Engine, output: Output, progress: JobProgress
+    source: Source,
+    config: JobConfig,
+    model: JobModel,
+    engine: Engine,
+    tokenizer: ChunkTokenizer,
+    output: Output,
+    progress: JobProgress,
 ) -> None:
     """Reads shards and hands them to the engine while a writer task writes the finished ones (up to
     SHARD_WRITERS at once): neither waits on the other, up to SHARDS_IN_FLIGHT shards embedding at once."""
@@ -220,7 +253,7 @@ async def _run_shards(
                 output.check_finished(shard.index, shard.ids)
                 progress.skipped(len(shard.ids))
                 continue
-            tasks.append(asyncio.create_task(model.embed(engine, shard.texts, budget)))
+            tasks.append(asyncio.create_task(model.embed(engine, tokenizer, shard.texts, budget)))
             if not await hand_over((shard, tasks[-1])):
                 break
         else:

@@ -35,13 +35,16 @@ class EmbedWorker:
         self.engine = build_engine(self.model.spec, self.model.engine_config)
         self.loop = asyncio.new_event_loop()  # every batch runs on it, the budget's condition too
         self.budget = TokenBudget(self.model.engine_config.max_queue_tokens)
+        self.tokenizer = self.model.open_tokenizer(config.tokenizer_processes)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column(self.config.text_column).to_pylist()
         if any(text is None for text in texts):
             raise JobError(f"a row has no '{self.config.text_column}'")
 
-        parts, _ = self.loop.run_until_complete(self.model.embed(self.engine, texts, self.budget))
+        parts, _ = self.loop.run_until_complete(
+            self.model.embed(self.engine, self.tokenizer, texts, self.budget)
+        )
         vectors = fixed_size_vectors(np.concatenate(parts))
         id_column = self.config.id_column or "id"
         return pa.table({id_column: batch.column(id_column), EMBEDDING_COLUMN: vectors})

@@ -2,7 +2,6 @@
 input order whatever order the engine finishes chunks in, the engine's queue is never overrun, and a
 model failure midway stops the job with its finished shards kept for a rerun (exit status 1)."""
 
-import argparse
 import asyncio
 import json
 import random
@@ -15,6 +14,7 @@ import pytest
 from api.bulk import cli, job
 from api.bulk.config import JobConfig
 from api.bulk.output import MANIFEST, read_output
+from api.cli import build_parsers
 from engine.errors import EngineError
 
 NUM_ROWS = 5000
@@ -84,12 +84,10 @@ def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tm
         0
     ][0]
     monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: StandInEngine(fail_on=late))
-    args = argparse.Namespace(
-        **{name: None for name in ("model", "id_column", "input_format", "dimensions", "prompt_name")},
-        input=str(corpus), output=str(output), text_column="text", input_type=None, shard_rows=700,
-        device="cpu", dtype="auto", attention_backend="auto", cuda_graphs="lazy", bidirectional=False,
-        max_model_len=None, max_batch_tokens=None, max_batch_seqs=512, max_queue_tokens=None, ray=None,
-    )  # fmt: skip
+    parser, _, _ = build_parsers()
+    args = parser.parse_args(
+        ["embed", str(corpus), "--output", str(output), "--shard-rows", "700", "--device", "cpu"]
+    )
     assert cli.run_embed(args) == 1
     assert "model step failed" in capsys.readouterr().err
     manifest = json.loads((output / MANIFEST).read_text())

@@ -1,0 +1,50 @@
+"""A bulk job's chunk tokenizers on the bundled model's tokenizer: worker processes give the same model
+inputs as the in-process thread (prompt, truncation to the window, special tokens), as views the engine
+packs; a negative process count is refused."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from api.bulk.chunk_tokenizer import Tokenization, default_num_processes, open_chunk_tokenizer
+from engine.loader import resolve_model
+
+WINDOW = 16
+TEXTS = ["a short text", "", "one " * 40, "ünïcödé and emoji 🙂 text", "a short text"]
+
+
+@pytest.fixture(scope="module")
+def tokenization():
+    spec = resolve_model(None)  # the bundled all-MiniLM-L6-v2
+    return Tokenization(spec.tokenizer_path, WINDOW, spec.vocab_size, prompt="query: ")
+
+
+def encode_with(tokenizer, texts):
+    async def chunks():
+        return await asyncio.gather(tokenizer.submit(texts[:3]), tokenizer.submit(texts[3:]))
+
+    try:
+        return [sequence for chunk in asyncio.run(chunks()) for sequence in chunk]
+    finally:
+        tokenizer.close()
+
+
+def test_worker_processes_give_the_threads_model_inputs(tokenization):
+    in_thread = encode_with(open_chunk_tokenizer(tokenization, 0), TEXTS)
+    in_processes = encode_with(open_chunk_tokenizer(tokenization, 2), TEXTS)
+    assert [list(map(int, ids)) for ids in in_processes] == in_thread
+    assert all(isinstance(ids, np.ndarray) for ids in in_processes)
+    encoder = tokenization.encoder()
+    assert in_thread[0] == encoder.encode(["query: a short text"], None, False)[0]  # the prompt is in
+    assert len(in_thread[2]) == WINDOW and in_thread[2][-1] == in_thread[0][-1]  # cut, [SEP] kept
+
+
+def test_a_negative_process_count_is_refused(tokenization):
+    with pytest.raises(ValueError, match="--tokenizer-processes"):
+        open_chunk_tokenizer(tokenization, -1)
+
+
+def test_processes_only_beside_a_gpu_engine():
+    assert default_num_processes("cpu") == 0
+    assert 2 <= default_num_processes("cuda") <= 8
