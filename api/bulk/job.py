@@ -1,6 +1,7 @@
-"""`posy embed` on this machine: the input's shards through the in-process engine (no HTTP), each written
-as soon as it is done. While one shard runs on the model the next is read and tokenized; within a shard,
-chunks of texts go to the engine together, as many as its queue takes, so that batches stay full."""
+"""`posy embed` on this machine: the input's shards through the in-process engine (no HTTP). While one
+shard runs on the model the next is read and tokenized, and the one before is written; within a shard,
+chunks of texts go to the engine together, as many as its queue takes, so that batches stay full, and
+its rows are written a row group at a time as they come back."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
-from api.bulk.output import Output
+from api.bulk.output import Output, ShardWriter
 from api.bulk.progress import JobProgress
 from api.bulk.source import Shard, Source, input_format
 from api.encoding import check_dimensions, truncate_dimensions
@@ -32,10 +33,11 @@ from engine.passing_thread import await_in_passing_thread
 logger = logging.getLogger(__name__)
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
-SHARDS_IN_FLIGHT = 2  # one on the model while the next is read and tokenized
-# shards written at once: encoding a 100k x 768 shard as Parquet takes a core 1.4 s (its list column's
-# levels), longer than the H200 embeds it in; writes release the GIL and spread over cores
-SHARD_WRITERS = 3
+# shards between their reading and their recording: one written out, one on the model, one tokenized
+MAX_OPEN_SHARDS = 3
+# rows per Parquet row group: the job's end waits for one, not a whole shard (a core encodes 100k x 768
+# float32 rows in about 1.4 s, longer than the H200 embeds them in)
+ROW_GROUP_ROWS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,24 +107,24 @@ class JobModel:
         except ValueError as error:
             raise JobError(str(error)) from error
 
-    async def embed(
-        self, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget: TokenBudget
-    ) -> tuple[list[np.ndarray], int]:
-        """(vectors in input order, as one array per chunk, and tokens) of `texts`. Chunks go to the
-        tokenizer up to its lookahead ahead, and each to the engine, in order, as soon as it is tokenized
-        and the engine's queue has room. The arrays stay apart: joining a shard's (300 MB at 100k x 768)
-        here would hold up the event loop, and with it every submission."""
+    async def submit(
+        self,
+        engine: Engine,
+        tokenizer: ChunkTokenizer,
+        texts: Sequence[str],
+        budget: TokenBudget,
+        runs: asyncio.Queue[asyncio.Task | None],
+    ) -> None:
+        """Hands `texts` to the engine chunk by chunk: each chunk goes to the tokenizer (up to its
+        lookahead ahead), then, in order, to the engine as soon as its queue has room. Puts each chunk's
+        run (a task giving its vectors and tokens) on `runs`, then None, also when it fails."""
         tokenizing: deque[asyncio.Future] = deque()
-        runs: list[asyncio.Task] = []
-        total = 0
 
         async def hand_over(chunk: asyncio.Future) -> None:
-            nonlocal total
             sequences = await chunk
             tokens = sum(map(len, sequences))
             await budget.acquire(tokens)
-            runs.append(asyncio.create_task(_run(engine, sequences, tokens, budget)))
-            total += tokens
+            runs.put_nowait(asyncio.create_task(self._run(engine, sequences, tokens, budget)))
 
         try:
             for start in range(0, len(texts), CHUNK_TEXTS):
@@ -131,20 +133,60 @@ class JobModel:
                     await hand_over(tokenizing.popleft())
             while tokenizing:
                 await hand_over(tokenizing.popleft())
-            parts = await asyncio.gather(*runs)
         finally:
-            for future in (*tokenizing, *runs):
+            for future in tokenizing:
                 future.cancel()
-        return [truncate_dimensions(part, self.dimensions) for part in parts], total
+            runs.put_nowait(None)
+
+    async def embed(
+        self, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget: TokenBudget
+    ) -> tuple[list[np.ndarray], int]:
+        """(vectors in input order, as one array per chunk, and tokens) of `texts`."""
+        parts: list[np.ndarray] = []
+        total = 0
+        async with _Submitted(self, engine, tokenizer, texts, budget) as submitted:
+            async for vectors, tokens in submitted:
+                parts.append(vectors)
+                total += tokens
+        return parts, total
+
+    async def _run(
+        self, engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
+    ) -> tuple[np.ndarray, int]:
+        try:
+            return truncate_dimensions(await engine.run(sequences), self.dimensions), tokens
+        finally:
+            await budget.release(tokens)
 
 
-async def _run(
-    engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
-) -> np.ndarray:
-    try:
-        return await engine.run(sequences)
-    finally:
-        await budget.release(tokens)
+class _Submitted:
+    """`texts` submitted in the background; iterating gives each chunk's (vectors, tokens) in order. On
+    leaving, what is still submitting or running is cancelled."""
+
+    def __init__(
+        self, model: JobModel, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget
+    ):
+        self.runs: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
+        self.submitting = asyncio.create_task(model.submit(engine, tokenizer, texts, budget, self.runs))
+
+    async def __aenter__(self) -> _Submitted:
+        return self
+
+    def __aiter__(self) -> _Submitted:
+        return self
+
+    async def __anext__(self) -> tuple[np.ndarray, int]:
+        run = await self.runs.get()
+        if run is None:
+            await self.submitting  # raises what stopped it
+            raise StopAsyncIteration
+        return await run
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.submitting.cancel()
+        while not self.runs.empty():
+            if (run := self.runs.get_nowait()) is not None:
+                run.cancel()
 
 
 class TokenBudget:
@@ -196,6 +238,15 @@ async def run_job(config: JobConfig) -> JobResult:
     return JobResult(progress.rows, progress.skipped_rows, progress.tokens, progress.seconds)
 
 
+@dataclass(slots=True, eq=False)
+class _OpenShard:
+    """A shard from its reading until it is recorded."""
+
+    shard: Shard
+    task: asyncio.Task | None = None
+    embedded: bool = False  # all its rows are back from the engine: what is left is writing them
+
+
 async def _run_shards(
     source: Source,
     config: JobConfig,
@@ -205,47 +256,24 @@ async def _run_shards(
     output: Output,
     progress: JobProgress,
 ) -> None:
-    """Reads shards and hands them to the engine while a writer task writes the finished ones (up to
-    SHARD_WRITERS at once): neither waits on the other, up to SHARDS_IN_FLIGHT shards embedding at once."""
+    """Reads shards and runs each, up to MAX_OPEN_SHARDS at once. A failure stops the job with every
+    shard before the failed one written out; Ctrl-C, with the shards whose rows were all embedded."""
     budget = TokenBudget(model.engine_config.max_queue_tokens)
     id_column = config.id_column or "id"
     shards = source.shards(config.shard_rows)
-    embedding: asyncio.Queue[tuple[Shard, asyncio.Task] | None] = asyncio.Queue(maxsize=SHARDS_IN_FLIGHT)
-    tasks: list[asyncio.Task] = []
+    open_shards: list[_OpenShard] = []
+    failed_at: int | None = None  # the shard whose failure stops the job
 
-    async def write(shard: Shard, parts: list[np.ndarray], tokens: int) -> None:
-        await asyncio.to_thread(output.write_shard, shard.index, id_column, shard.ids, parts)
-        progress.embedded(len(shard.ids), tokens)
-
-    async def write_finished() -> None:
-        writes: set[asyncio.Task] = set()
-        try:
-            while (item := await embedding.get()) is not None:
-                shard, task = item
-                parts, tokens = await task
-                while len(writes) >= SHARD_WRITERS:
-                    done, writes = await asyncio.wait(writes, return_when=asyncio.FIRST_COMPLETED)
-                    for finished in done:
-                        finished.result()  # a failed write stops the job
-                writes.add(asyncio.create_task(write(shard, parts, tokens)))
-            for finished in asyncio.as_completed(writes):
-                await finished
-        except BaseException:
-            # a failure (or Ctrl-C) elsewhere: the shards being written are finished work, keep them
-            await asyncio.gather(*writes, return_exceptions=True)
-            raise
-
-    writer = asyncio.create_task(write_finished())
-
-    async def hand_over(item: tuple[Shard, asyncio.Task] | None) -> bool:
-        """Queues `item` for the writer, waiting while SHARDS_IN_FLIGHT shards wait for it; False if the
-        writer has stopped (failed) instead, which would never take it."""
-        put = asyncio.create_task(embedding.put(item))
-        await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
-        if not put.done():
-            put.cancel()
-            return False
-        return True
+    async def wait_for_one() -> None:
+        nonlocal failed_at
+        await asyncio.wait([entry.task for entry in open_shards], return_when=asyncio.FIRST_COMPLETED)
+        for entry in [entry for entry in open_shards if entry.task.done()]:
+            open_shards.remove(entry)
+            try:
+                entry.task.result()
+            except BaseException:
+                failed_at = entry.shard.index
+                raise
 
     try:
         while (shard := await asyncio.to_thread(next, shards, None)) is not None:
@@ -253,12 +281,72 @@ async def _run_shards(
                 output.check_finished(shard.index, shard.ids)
                 progress.skipped(len(shard.ids))
                 continue
-            tasks.append(asyncio.create_task(model.embed(engine, tokenizer, shard.texts, budget)))
-            if not await hand_over((shard, tasks[-1])):
-                break
-        else:
-            await hand_over(None)
-        await writer  # raises what the writer or an embedding raised
+            entry = _OpenShard(shard)
+            entry.task = asyncio.create_task(
+                _embed_and_write(
+                    entry,
+                    model,
+                    engine,
+                    tokenizer,
+                    budget,
+                    output.open_shard(shard.index, id_column),
+                    progress,
+                )
+            )
+            open_shards.append(entry)
+            while len(open_shards) >= MAX_OPEN_SHARDS:
+                await wait_for_one()
+        while open_shards:
+            await wait_for_one()
+    except BaseException:
+        # finished work is kept: shards all embedded, and after a failure every shard before it
+        for entry in open_shards:
+            if not entry.embedded and (failed_at is None or entry.shard.index > failed_at):
+                entry.task.cancel()
+        await asyncio.gather(*(entry.task for entry in open_shards), return_exceptions=True)
+        raise
+
+
+async def _embed_and_write(
+    entry: _OpenShard,
+    model: JobModel,
+    engine: Engine,
+    tokenizer: ChunkTokenizer,
+    budget: TokenBudget,
+    writer: ShardWriter,
+    progress: JobProgress,
+) -> None:
+    """One shard: its chunks' rows written as they come back, a row group at a time, then recorded."""
+    ids = entry.shard.ids
+    buffered: list[np.ndarray] = []
+    written = tokens = 0
+    in_thread: asyncio.Future | None = None  # a write under way, which the file must outlast
+
+    async def write(operation, *args) -> None:
+        nonlocal in_thread
+        in_thread = asyncio.ensure_future(asyncio.to_thread(operation, *args))
+        await asyncio.shield(in_thread)  # cancelled, the thread would write on: in_thread says when done
+
+    async def flush() -> None:
+        nonlocal written
+        rows = sum(map(len, buffered))
+        await write(writer.write, ids[written : written + rows], list(buffered))
+        written += rows
+        buffered.clear()
+
+    try:
+        async with _Submitted(model, engine, tokenizer, entry.shard.texts, budget) as submitted:
+            async for vectors, chunk_tokens in submitted:
+                buffered.append(vectors)
+                tokens += chunk_tokens
+                if sum(map(len, buffered)) >= ROW_GROUP_ROWS:
+                    await flush()
+        entry.embedded = True
+        if buffered:
+            await flush()
+        await write(writer.close)
+        progress.embedded(len(ids), tokens)
     finally:
-        for task in (*tasks, writer):
-            task.cancel()
+        if in_thread is not None and not in_thread.done():
+            await asyncio.wait([in_thread])
+        writer.discard()

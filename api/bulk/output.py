@@ -68,21 +68,13 @@ class Output:
                 "since; give another --output, or delete it"
             )
 
-    def write_shard(
-        self, index: int, id_column: str, ids: Sequence[Any], parts: Sequence[np.ndarray]
-    ) -> None:
-        """Shard `index`: its ids and vectors (rows in order, in one or more arrays)."""
-        fs, path = filesystem(self.uri)
-        # one Arrow chunk per part, no copy: joining a shard's 300 MB would hold the GIL from the engine
-        vectors = pa.chunked_array([fixed_size_vectors(part) for part in parts])
-        table = pa.table({id_column: pa.array(ids), EMBEDDING_COLUMN: vectors})
-        hidden = f"{path}/.{shard_file(index)}.partial"
-        # vectors neither repeat nor compress: no dictionary, no compression (1.6x faster to write)
-        compression = {id_column: "snappy", EMBEDDING_COLUMN: "none"}
-        pq.write_table(table, hidden, filesystem=fs, use_dictionary=[id_column], compression=compression)
-        fs.move(hidden, f"{path}/{shard_file(index)}")
+    def open_shard(self, index: int, id_column: str) -> ShardWriter:
+        return ShardWriter(self, index, id_column)
+
+    def record(self, index: int, rows: int, first_id: Any, last_id: Any) -> None:
+        """Shard `index` is in place: the manifest names it (several shards may finish at once)."""
         with self._manifest_lock:
-            self.shards[index] = {"rows": len(ids), "first_id": ids[0], "last_id": ids[-1]}
+            self.shards[index] = {"rows": rows, "first_id": first_id, "last_id": last_id}
             self._write_manifest()
 
     def finish(self) -> None:
@@ -101,6 +93,63 @@ class Output:
         with fs.open_output_stream(hidden) as stream:
             stream.write(json.dumps(manifest, indent=1).encode())
         fs.move(hidden, f"{path}/{MANIFEST}")
+
+
+class ShardWriter:
+    """One shard's Parquet file, written a row group at a time while the shard is still embedding (the
+    job's end then waits for one row group, not a whole shard, and holds no shard's vectors), under a
+    hidden name until `close` moves it into place and records it."""
+
+    def __init__(self, output: Output, index: int, id_column: str):
+        self.output = output
+        self.index = index
+        self.id_column = id_column
+        self.fs, folder = filesystem(output.uri)
+        self.hidden = f"{folder}/.{shard_file(index)}.partial"
+        self.path = f"{folder}/{shard_file(index)}"
+        self._writer: pq.ParquetWriter | None = None
+        self.rows = 0
+        self.first_id: Any = None
+        self.last_id: Any = None
+
+    def write(self, ids: Sequence[Any], parts: Sequence[np.ndarray]) -> None:
+        """The next rows: their ids, and their vectors in one or more arrays (one Arrow chunk each, no
+        copy: joining them would hold the GIL that the engine's thread needs)."""
+        vectors = pa.chunked_array([fixed_size_vectors(part) for part in parts])
+        if self._writer is None:
+            table = pa.table({self.id_column: pa.array(ids), EMBEDDING_COLUMN: vectors})
+            # vectors neither repeat nor compress: no dictionary, no compression (1.6x faster to write)
+            compression = {self.id_column: "snappy", EMBEDDING_COLUMN: "none"}
+            self._writer = pq.ParquetWriter(
+                self.hidden, table.schema, filesystem=self.fs, use_dictionary=[self.id_column],
+                compression=compression,
+            )  # fmt: skip
+            self.first_id = ids[0]
+        else:
+            id_type = self._writer.schema.field(self.id_column).type
+            try:
+                id_array = pa.array(ids, type=id_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+                raise JobError(f"the ids of shard {self.index} are not all {id_type}: {error}") from error
+            table = pa.table({self.id_column: id_array, EMBEDDING_COLUMN: vectors})
+        self._writer.write_table(table)
+        self.rows += len(ids)
+        self.last_id = ids[-1]
+
+    def close(self) -> None:
+        """The shard is whole: in place, and in the manifest."""
+        assert self._writer is not None, "a shard has at least one row"
+        self._writer.close()
+        self._writer = None
+        self.fs.move(self.hidden, self.path)
+        self.output.record(self.index, self.rows, self.first_id, self.last_id)
+
+    def discard(self) -> None:
+        """Stops without recording (once closed, nothing): the partial file stays hidden, and a rerun
+        writes the shard again."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def fixed_size_vectors(vectors: np.ndarray) -> pa.FixedSizeListArray:

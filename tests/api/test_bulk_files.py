@@ -77,12 +77,17 @@ def test_output_shards_read_back_in_order_and_a_rerun_takes_them_up(tmp_path):
     job = {"input": "in.parquet", "model": "m"}
     output = Output(str(tmp_path / "out"), job)
     output.open()
-    vectors = np.arange(12, dtype=np.float32).reshape(4, 3)
-    output.write_shard(1, "id", ["c", "d"], [vectors[2:3], vectors[3:]])  # a shard's rows in parts
-    output.write_shard(0, "id", ["a", "b"], [vectors[:2]])
+    vectors = np.arange(15, dtype=np.float32).reshape(5, 3)
+    second = output.open_shard(1, "id")  # written first, in two row groups, the second in two parts
+    second.write(["c"], [vectors[2:3]])
+    second.write(["d", "e"], [vectors[3:4], vectors[4:]])
+    second.close()
+    first = output.open_shard(0, "id")
+    first.write(["a", "b"], [vectors[:2]])
+    first.close()
     output.finish()
     table = read_output(str(tmp_path / "out"))
-    assert table.column("id").to_pylist() == ["a", "b", "c", "d"]
+    assert table.column("id").to_pylist() == ["a", "b", "c", "d", "e"]
     assert np.array_equal(np.array(table.column("embedding").to_pylist(), dtype=np.float32), vectors)
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 3)
     files = sorted(path.name for path in (tmp_path / "out").iterdir())
@@ -92,7 +97,26 @@ def test_output_shards_read_back_in_order_and_a_rerun_takes_them_up(tmp_path):
     again.open()
     assert again.complete and sorted(again.shards) == [0, 1]
     again.check_finished(0, ["a", "b"])
+    again.check_finished(1, ["c", "d", "e"])
     with pytest.raises(JobError, match="the input changed"):
-        again.check_finished(1, ["c", "x"])
+        again.check_finished(1, ["c", "d", "x"])
     with pytest.raises(JobError, match="another job"):
         Output(str(tmp_path / "out"), {**job, "model": "other"}).open()
+
+
+def test_a_shard_with_ids_of_another_type_midway_or_discarded_is_never_recorded(tmp_path):
+    output = Output(str(tmp_path / "out"), {"input": "in.parquet"})
+    output.open()
+    vectors = np.ones((2, 3), dtype=np.float32)
+    mixed = output.open_shard(0, "id")
+    mixed.write([1, 2], [vectors])
+    with pytest.raises(JobError, match="the ids of shard 0 are not all int64"):
+        mixed.write(["a", "b"], [vectors])
+    mixed.discard()
+    stopped = output.open_shard(1, "id")
+    stopped.write([3, 4], [vectors])
+    stopped.discard()  # as when the job stops midway through a shard
+    assert output.shards == {}
+    assert sorted(path.name for path in (tmp_path / "out").iterdir() if not path.name.startswith(".")) == [
+        MANIFEST
+    ]

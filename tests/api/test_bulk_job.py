@@ -13,7 +13,7 @@ import pytest
 
 from api.bulk import cli, job
 from api.bulk.config import JobConfig
-from api.bulk.output import MANIFEST, read_output
+from api.bulk.output import MANIFEST, read_output, shard_file
 from api.cli import build_parsers
 from engine.errors import EngineError
 
@@ -66,8 +66,10 @@ def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, 
     )
     engine = StandInEngine()
     monkeypatch.setattr(job, "CHUNK_TEXTS", 100)  # 50 chunks: many in flight at once
+    monkeypatch.setattr(job, "ROW_GROUP_ROWS", 300)  # a shard written as its rows come back
     result = run_with(monkeypatch, engine, config)
     assert result.rows == NUM_ROWS and engine.most_queued <= 8192
+    assert pq.ParquetFile(tmp_path / "out" / shard_file(0)).num_row_groups == 3  # 300 + 300 + 100 rows
     table = read_output(str(tmp_path / "out"))
     assert table.column("id").to_pylist() == list(range(NUM_ROWS))
     first_tokens = np.array(table.column("embedding").to_pylist(), dtype=np.float32)[:, 0]
