@@ -1,5 +1,6 @@
 """Graph buckets and padding (CPU), and on CUDA: replay equals eager at bucket edges and across
-many batches through one graph, and LazyTensor results with many batches in flight."""
+many batches through one graph, LazyTensor results with many batches in flight, and eager-warmup
+capturing every bucket at start-up."""
 
 import numpy as np
 import pytest
@@ -164,3 +165,45 @@ def test_the_capture_placeholder_fits_every_key_a_batch_can_produce():
             lengths.pop()
         key = graphs.key(pack([[1] * n for n in lengths]))
         stage(_placeholder_batch(key), key)  # raises when the placeholder does not fit
+
+
+@pytest.mark.gpu
+def test_eager_warmup_captures_every_bucket_at_start_then_serves_like_eager(tmp_path, caplog):
+    import asyncio
+    import logging
+
+    from engine.build import build_engine
+    from engine.loader import resolve_model
+    from tests.engine.test_gpu import save_random_bert
+
+    save_random_bert(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    generator = torch.Generator().manual_seed(0)
+    requests = [
+        [torch.randint(5, 1000, (int(n),), generator=generator).tolist() for n in lengths]
+        for lengths in ([7], [63, 64, 65], [300, 200, 100], [511] * 2, [5] * 40)
+    ]
+
+    def rows(mode):
+        config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=1024, cuda_graphs=mode)
+        engine = build_engine(spec, config)
+
+        async def run_all():
+            return await asyncio.gather(*(engine.run(request) for request in requests))
+
+        try:
+            captured_at_start = len(engine.runner.graphs.graphs) if engine.runner.graphs else 0
+            out = np.concatenate(asyncio.run(run_all()))
+            captured_after = len(engine.runner.graphs.graphs) if engine.runner.graphs else 0
+        finally:
+            engine.stop()
+        return out, captured_at_start, captured_after, config.token_buckets()
+
+    with caplog.at_level(logging.INFO):
+        warm, at_start, after, buckets = rows("eager-warmup")
+    assert at_start == len(buckets) == 16  # 64, 128, ..., 1024: every bucket, before any request
+    assert after == at_start  # serving captured nothing more
+    assert f"captured {len(buckets)} CUDA graphs" in caplog.text and "capturing CUDA graphs" in caplog.text
+    eager, _, _, _ = rows("off")
+    cosine = (warm * eager).sum(1) / np.linalg.norm(warm, axis=1) / np.linalg.norm(eager, axis=1)
+    assert cosine.min() >= 0.999  # bf16, graph replay against eager
