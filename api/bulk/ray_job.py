@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from api.bulk.chunk_tokenizer import MAX_DEFAULT_PROCESSES
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
 from api.bulk.output import EMBEDDING_COLUMN, fixed_size_vectors
@@ -62,9 +63,15 @@ def run_ray_job(config: JobConfig, address: str, num_workers: int | None) -> flo
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         use_gpus = gpus > 0 and config.device != "cpu"
-        # a worker sees only its own GPU: "cuda:N" would name one it does not have
-        worker_config = dataclasses.replace(config, device="cuda" if use_gpus else "cpu")
         workers = num_workers or (gpus if use_gpus else 1)
+        tokenizer_processes = config.tokenizer_processes
+        if tokenizer_processes is None:  # the cluster's cores shared by the workers, not each a node's
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            tokenizer_processes = min(MAX_DEFAULT_PROCESSES, max(2, cpus // workers // 2)) if use_gpus else 0
+        # a worker sees only its own GPU: "cuda:N" would name one it does not have
+        worker_config = dataclasses.replace(
+            config, device="cuda" if use_gpus else "cpu", tokenizer_processes=tokenizer_processes
+        )
         started = time.perf_counter()
         dataset = _read(ray, source_format, config)
         dataset = dataset.map_batches(
