@@ -32,6 +32,12 @@ DOCS = [
 ]
 
 
+def ray_env() -> dict[str, str]:
+    # the test's cluster is loopback-only and without auth: a token a developer's earlier Ray session
+    # left in ~/.ray would otherwise turn token auth on for some of its processes and not others
+    return {**server_env(), "RAY_AUTH_MODE": "disabled"}
+
+
 def ray_command(*args: str) -> list[str]:
     return [shutil.which("ray") or str(REPO_ROOT / "missing-ray"), *args]
 
@@ -44,17 +50,19 @@ def ray_address(tmp_path_factory):
         "--object-store-memory=300000000", "--include-dashboard=false", "--disable-usage-stats",
         f"--temp-dir={tmp_path_factory.mktemp('ray')}",
     )  # fmt: skip
-    subprocess.run(start, check=True, env=server_env(), capture_output=True, timeout=START_TIMEOUT_S)
+    subprocess.run(start, check=True, env=ray_env(), capture_output=True, timeout=START_TIMEOUT_S)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run(ray_command("stop", "--force"), env=server_env(), capture_output=True, timeout=120)
+        subprocess.run(ray_command("stop", "--force"), env=ray_env(), capture_output=True, timeout=120)
 
 
 def test_a_ray_data_job_equals_the_http_api(ray_address, tmp_path, embed):
     corpus = write_corpus(tmp_path)
     output = tmp_path / "vectors"
-    posy_embed(str(corpus.path), "--output", str(output), "--id-column", "id", "--ray", ray_address)
+    posy_embed(
+        str(corpus.path), "--output", str(output), "--id-column", "id", "--ray", ray_address, env=ray_env()
+    )
     assert_rows_match(pq.read_table(output), corpus, http_vectors(embed, corpus.texts))
 
 
@@ -84,7 +92,7 @@ def serve_url(ray_address, tmp_path_factory):
     ]
     with open(log, "w") as sink:
         server = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=server_env(), stdout=sink, stderr=subprocess.STDOUT
+            command, cwd=REPO_ROOT, env=ray_env(), stdout=sink, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -111,7 +119,7 @@ def serve_replicas(ray_address: str) -> int:
         "print(status.replica_states.get('RUNNING', 0))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], env=server_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=ray_env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.strip().splitlines()[-1])
