@@ -13,12 +13,14 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from api.bulk.errors import TokenizerFailed
 from api.tokenize import TextEncoder
 
 MAX_DEFAULT_PROCESSES = 8  # 8 single-threaded tokenizers keep up with the H200 at 50-token texts 4x over
@@ -99,7 +101,10 @@ class ProcessTokenizer:
         return asyncio.ensure_future(self._encode(list(texts)))
 
     async def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        flat, lengths = await asyncio.wrap_future(self.pool.submit(_encode_in_worker, texts))
+        try:
+            flat, lengths = await asyncio.wrap_future(self.pool.submit(_encode_in_worker, texts))
+        except BrokenProcessPool as error:
+            raise TokenizerFailed(f"a tokenizer process died: {error}") from error
         ends = np.cumsum(lengths).tolist()
         return [flat[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 

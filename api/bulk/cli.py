@@ -79,7 +79,7 @@ def job_config(args: argparse.Namespace) -> JobConfig:
 def run_embed(args: argparse.Namespace) -> int:
     """0 when the output is complete; 2 for a job that cannot run as asked; 1 when the model failed and
     130 on Ctrl-C, both with the finished shards kept for a rerun (not with --ray)."""
-    from api.bulk.errors import JobError
+    from api.bulk.errors import JobError, TokenizerFailed
     from api.bulk.job import run_job
     from engine.errors import EngineError
 
@@ -96,7 +96,7 @@ def run_embed(args: argparse.Namespace) -> int:
     except JobError as error:
         print(f"posy embed: {error}", file=sys.stderr)
         return 2
-    except EngineError as error:
+    except (EngineError, TokenizerFailed) as error:
         print(f"posy embed: {error}{resume}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,13 +1,15 @@
 """A bulk job's chunk tokenizers on the bundled model's tokenizer: worker processes give the same model
 inputs as the in-process thread (prompt, truncation to the window, special tokens), as views the engine
-packs; a negative process count is refused."""
+packs; a worker that dies is a TokenizerFailed; a negative process count is refused."""
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
 
 from api.bulk.chunk_tokenizer import Tokenization, default_num_processes, open_chunk_tokenizer
+from api.bulk.errors import TokenizerFailed
 from engine.loader import resolve_model
 
 WINDOW = 16
@@ -48,3 +50,13 @@ def test_a_negative_process_count_is_refused(tokenization):
 def test_processes_only_beside_a_gpu_engine():
     assert default_num_processes("cpu") == 0
     assert 2 <= default_num_processes("cuda") <= 8
+
+
+def test_a_tokenizer_process_that_dies_fails_the_chunk_with_tokenizer_failed(tokenization):
+    tokenizer = open_chunk_tokenizer(tokenization, 1)
+    try:
+        tokenizer.pool.submit(os._exit, 9).exception(timeout=60)  # as the kernel's OOM killer would
+        with pytest.raises(TokenizerFailed, match="a tokenizer process died"):
+            encode_with(tokenizer, TEXTS)
+    finally:
+        tokenizer.close()
