@@ -164,7 +164,12 @@ class _Submitted:
     leaving, what is still submitting or running is cancelled."""
 
     def __init__(
-        self, model: JobModel, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget
+        self,
+        model: JobModel,
+        engine: Engine,
+        tokenizer: ChunkTokenizer,
+        texts: Sequence[str],
+        budget: TokenBudget,
     ):
         self.runs: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
         self.submitting = asyncio.create_task(model.submit(engine, tokenizer, texts, budget, self.runs))
