@@ -7,32 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
+from api.bulk.chunk_tokenizer import ChunkTokenizer
 from api.bulk.config import JobConfig
-from api.bulk.errors import JobError
+from api.bulk.job_model import JobModel, Submitted, TokenBudget
 from api.bulk.output import Output, ShardWriter
 from api.bulk.progress import JobProgress
 from api.bulk.source import Shard, Source, input_format
-from api.encoding import check_dimensions, truncate_dimensions
-from api.errors import InvalidInput
-from api.prompts import select_prompt
-from api.tokenize import TextEncoder
 from engine.build import build_engine
-from engine.config import EngineConfig, sized_for
-from engine.device import resolve_device, resolve_dtype
 from engine.engine import Engine
-from engine.loader import ModelSpec, resolve_model
 from engine.passing_thread import await_in_passing_thread
 
 logger = logging.getLogger(__name__)
 
-CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
 # shards between their reading and their recording: one written out, one on the model, one tokenized
 MAX_OPEN_SHARDS = 3
 # rows per Parquet row group: the job's end waits for one, not a whole shard (a core encodes 100k x 768
@@ -50,168 +40,6 @@ class JobResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobModel:
-    """What every worker of a job builds the same way: the model, its tokenizer, prompt and engine config."""
-
-    spec: ModelSpec
-    encoder: TextEncoder
-    prompt: str
-    engine_config: EngineConfig
-    dimensions: int | None
-
-    @classmethod
-    def load(cls, config: JobConfig) -> JobModel:
-        if config.shard_rows < 1:
-            raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
-        try:
-            spec = resolve_model(config.model, config.bidirectional, config.max_model_len)
-            if spec.task != "embed":
-                raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
-            check_dimensions(config.dimensions, spec.output_dim, "--dimensions")
-            prompt = select_prompt(
-                spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
-            )
-            device = resolve_device(config.device)
-            engine_config = sized_for(
-                spec.max_seq_length, device, resolve_dtype(config.dtype, device), config.attention_backend,
-                config.cuda_graphs, config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens,
-            )  # fmt: skip
-        except (InvalidInput, ValueError) as error:
-            raise JobError(str(error)) from error
-        encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
-        return cls(spec, encoder, prompt, engine_config, config.dimensions)
-
-    def job_identity(self, config: JobConfig) -> dict:
-        """What the output's rows depend on: a rerun into the same output must ask for the same."""
-        fields = ("input", "text_column", "id_column", "dimensions", "shard_rows")
-        return {
-            **{name: asdict(config)[name] for name in fields},
-            "model": self.spec.name,
-            "prompt": self.prompt,
-            "window": self.spec.max_seq_length,
-            "dtype": self.engine_config.dtype,
-        }
-
-    def open_tokenizer(self, num_processes: int | None) -> ChunkTokenizer:
-        """None: worker processes beside a GPU engine, a thread beside a CPU one."""
-        tokenization = Tokenization(
-            self.spec.tokenizer_path, self.spec.max_seq_length, self.spec.vocab_size, self.prompt
-        )
-        if num_processes is None:
-            num_processes = default_num_processes(self.engine_config.device)
-        try:
-            return open_chunk_tokenizer(tokenization, num_processes)
-        except ValueError as error:
-            raise JobError(str(error)) from error
-
-    async def submit(
-        self,
-        engine: Engine,
-        tokenizer: ChunkTokenizer,
-        texts: Sequence[str],
-        budget: TokenBudget,
-        runs: asyncio.Queue[asyncio.Task | None],
-    ) -> None:
-        """Hands `texts` to the engine chunk by chunk: each chunk goes to the tokenizer (up to its
-        lookahead ahead), then, in order, to the engine as soon as its queue has room. Puts each chunk's
-        run (a task giving its vectors and tokens) on `runs`, then None, also when it fails."""
-        tokenizing: deque[asyncio.Future] = deque()
-
-        async def hand_over(chunk: asyncio.Future) -> None:
-            sequences = await chunk
-            tokens = sum(map(len, sequences))
-            await budget.acquire(tokens)
-            runs.put_nowait(asyncio.create_task(self._run(engine, sequences, tokens, budget)))
-
-        try:
-            for start in range(0, len(texts), CHUNK_TEXTS):
-                tokenizing.append(tokenizer.submit(texts[start : start + CHUNK_TEXTS]))
-                if len(tokenizing) > tokenizer.lookahead:
-                    await hand_over(tokenizing.popleft())
-            while tokenizing:
-                await hand_over(tokenizing.popleft())
-        finally:
-            for future in tokenizing:
-                future.cancel()
-            runs.put_nowait(None)
-
-    async def embed(
-        self, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget: TokenBudget
-    ) -> tuple[list[np.ndarray], int]:
-        """(vectors in input order, as one array per chunk, and tokens) of `texts`."""
-        parts: list[np.ndarray] = []
-        total = 0
-        async with _Submitted(self, engine, tokenizer, texts, budget) as submitted:
-            async for vectors, tokens in submitted:
-                parts.append(vectors)
-                total += tokens
-        return parts, total
-
-    async def _run(
-        self, engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
-    ) -> tuple[np.ndarray, int]:
-        try:
-            return truncate_dimensions(await engine.run(sequences), self.dimensions), tokens
-        finally:
-            await budget.release(tokens)
-
-
-class _Submitted:
-    """`texts` submitted in the background; iterating gives each chunk's (vectors, tokens) in order. On
-    leaving, what is still submitting or running is cancelled."""
-
-    def __init__(
-        self,
-        model: JobModel,
-        engine: Engine,
-        tokenizer: ChunkTokenizer,
-        texts: Sequence[str],
-        budget: TokenBudget,
-    ):
-        self.runs: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
-        self.submitting = asyncio.create_task(model.submit(engine, tokenizer, texts, budget, self.runs))
-
-    async def __aenter__(self) -> _Submitted:
-        return self
-
-    def __aiter__(self) -> _Submitted:
-        return self
-
-    async def __anext__(self) -> tuple[np.ndarray, int]:
-        run = await self.runs.get()
-        if run is None:
-            await self.submitting  # raises what stopped it
-            raise StopAsyncIteration
-        return await run
-
-    async def __aexit__(self, *exc_info) -> None:
-        self.submitting.cancel()
-        while not self.runs.empty():
-            if (run := self.runs.get_nowait()) is not None:
-                run.cancel()
-
-
-class TokenBudget:
-    """Tokens handed to the engine and not yet back, at most its queue's: more would be refused."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held = 0
-        self._changed = asyncio.Condition()
-
-    async def acquire(self, tokens: int) -> None:
-        async with self._changed:
-            # a chunk alone always goes (the engine refuses it only if it is over its whole queue)
-            await self._changed.wait_for(lambda: self.held == 0 or self.held + tokens <= self.limit)
-            self.held += tokens
-
-    async def release(self, tokens: int) -> None:
-        async with self._changed:
-            self.held -= tokens
-            self._changed.notify_all()
 
 
 async def run_job(config: JobConfig) -> JobResult:
@@ -340,7 +168,7 @@ async def _embed_and_write(
         buffered.clear()
 
     try:
-        async with _Submitted(model, engine, tokenizer, entry.shard.texts, budget) as submitted:
+        async with Submitted(model, engine, tokenizer, entry.shard.texts, budget) as submitted:
             async for vectors, chunk_tokens in submitted:
                 buffered.append(vectors)
                 tokens += chunk_tokens

@@ -28,7 +28,7 @@ class EmbedWorker:
     """A Ray Data actor: builds the engine once, then embeds every record batch it is given."""
 
     def __init__(self, config: JobConfig):
-        from api.bulk.job import JobModel, TokenBudget
+        from api.bulk.job_model import JobModel, TokenBudget
         from engine.build import build_engine
 
         self.config = config

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from api.bulk import cli, job
+from api.bulk import cli, job, job_model
 from api.bulk.config import JobConfig
 from api.bulk.output import MANIFEST, read_output, shard_file
 from api.cli import build_parsers
@@ -65,7 +65,7 @@ def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, 
         str(corpus), str(tmp_path / "out"), shard_rows=700, max_queue_tokens=8192, device="cpu"
     )
     engine = StandInEngine()
-    monkeypatch.setattr(job, "CHUNK_TEXTS", 100)  # 50 chunks: many in flight at once
+    monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)  # 50 chunks: many in flight at once
     monkeypatch.setattr(job, "ROW_GROUP_ROWS", 300)  # a shard written as its rows come back
     result = run_with(monkeypatch, engine, config)
     assert result.rows == NUM_ROWS and engine.most_queued <= 8192
@@ -73,7 +73,7 @@ def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, 
     table = read_output(str(tmp_path / "out"))
     assert table.column("id").to_pylist() == list(range(NUM_ROWS))
     first_tokens = np.array(table.column("embedding").to_pylist(), dtype=np.float32)[:, 0]
-    encoder = job.JobModel.load(config).encoder
+    encoder = job_model.JobModel.load(config).tokenization.encoder()
     texts = pq.read_table(corpus).column("text").to_pylist()
     expected = [ids[1] for ids in encoder.encode(texts, None, True)]
     assert first_tokens.tolist() == expected  # every row is its own text's
@@ -81,10 +81,12 @@ def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, 
 
 def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tmp_path, monkeypatch, capsys):
     output = tmp_path / "out"
-    monkeypatch.setattr(job, "CHUNK_TEXTS", 100)
-    late = job.JobModel.load(JobConfig(str(corpus), str(output), device="cpu")).encoder.content_ids(["late"])[
-        0
-    ][0]
+    monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
+    late = (
+        job_model.JobModel.load(JobConfig(str(corpus), str(output), device="cpu"))
+        .tokenization.encoder()
+        .content_ids(["late"])[0][0]
+    )
     monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: StandInEngine(fail_on=late))
     parser, _, _ = build_parsers()
     args = parser.parse_args(
