@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_INPUTS = 2048
@@ -60,3 +64,28 @@ class ServerConfig:
     # SIGTERM: seconds of 503 before the listener closes, then seconds for admitted work to finish
     drain_grace: float = DRAIN_GRACE_S
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_S
+
+
+class EngineFlags(Protocol):
+    """The engine flags `posy serve` and `posy embed` share, as ServerConfig and JobConfig hold them."""
+
+    device: str
+    dtype: str
+    attention_backend: str
+    cuda_graphs: str
+    max_batch_tokens: int | None
+    max_batch_seqs: int
+    max_queue_tokens: int | None
+
+
+def engine_config_for(flags: EngineFlags, max_window: int) -> EngineConfig:
+    """The engine config these flags ask for, with device and dtype resolved, for models whose largest
+    window is `max_window`."""
+    from engine.config import sized_for
+    from engine.device import resolve_device, resolve_dtype
+
+    device = resolve_device(flags.device)
+    return sized_for(
+        max_window, device, resolve_dtype(flags.dtype, device), flags.attention_backend, flags.cuda_graphs,
+        flags.max_batch_tokens, flags.max_batch_seqs, flags.max_queue_tokens,
+    )  # fmt: skip

@@ -9,15 +9,14 @@ import threading
 import time
 from collections.abc import Sequence
 
-from api.config import ServerConfig
+from api.config import ServerConfig, engine_config_for
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
-from engine.config import EngineConfig, sized_for
-from engine.device import resolve_device, resolve_dtype
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
 from engine.replica_pool import ReplicaPool
@@ -146,12 +145,7 @@ class Server:
         return resolve_model(model, self.config.bidirectional, self.config.max_model_len)
 
     def engine_config(self, max_window: int) -> EngineConfig:
-        config = self.config
-        device = resolve_device(config.device)
-        return sized_for(
-            max_window, device, resolve_dtype(config.dtype, device), config.attention_backend,
-            config.cuda_graphs, config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens,
-        )  # fmt: skip
+        return engine_config_for(self.config, max_window)
 
     def names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
         given = self.config.served_model_names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 
 from api.bulk.config import DEFAULT_SHARD_ROWS, JobConfig
@@ -52,28 +53,8 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:
-    return JobConfig(
-        input=args.input,
-        output=args.output,
-        model=args.model,
-        text_column=args.text_column,
-        id_column=args.id_column,
-        input_format=args.input_format,
-        dimensions=args.dimensions,
-        prompt_name=args.prompt_name,
-        input_type=args.input_type,
-        shard_rows=args.shard_rows,
-        tokenizer_processes=args.tokenizer_processes,
-        device=args.device,
-        dtype=args.dtype,
-        attention_backend=args.attention_backend,
-        cuda_graphs=args.cuda_graphs,
-        bidirectional=args.bidirectional,
-        max_model_len=args.max_model_len,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_seqs=args.max_batch_seqs,
-        max_queue_tokens=args.max_queue_tokens,
-    )
+    """Every JobConfig field is the flag of its name."""
+    return JobConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(JobConfig)})
 
 
 def run_embed(args: argparse.Namespace) -> int:

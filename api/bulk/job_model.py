@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
+from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.prompts import select_prompt
-from engine.config import EngineConfig, sized_for
-from engine.device import resolve_device, resolve_dtype
+from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
 
@@ -45,11 +45,7 @@ class JobModel:
             prompt = select_prompt(
                 spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
             )
-            device = resolve_device(config.device)
-            engine_config = sized_for(
-                spec.max_seq_length, device, resolve_dtype(config.dtype, device), config.attention_backend,
-                config.cuda_graphs, config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens,
-            )  # fmt: skip
+            engine_config = engine_config_for(config, spec.max_seq_length)
         except (InvalidInput, ValueError) as error:
             raise JobError(str(error)) from error
         return cls(spec, prompt, engine_config, config.dimensions)
@@ -58,7 +54,7 @@ class JobModel:
         """What the output's rows depend on: a rerun into the same output must ask for the same."""
         fields = ("input", "text_column", "id_column", "dimensions", "shard_rows")
         return {
-            **{name: asdict(config)[name] for name in fields},
+            **{name: getattr(config, name) for name in fields},
             "model": self.spec.name,
             "prompt": self.prompt,
             "window": self.spec.max_seq_length,
