@@ -1,10 +1,12 @@
-"""Engine: queues token sequences, runs batches on a worker thread and resolves asyncio futures."""
+"""Engine: queues token sequences, runs batches on a worker thread and hands each request its rows (an
+asyncio future in process; any EngineRequest, such as a replica's reply)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,52 +17,22 @@ from engine.batch import pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
+from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
+from engine.service_rate import ServiceRate
 
 logger = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int, int], None]
 
 
-class _Request:
-    """One caller's sequences; its future resolves with all rows once the last one is done."""
-
-    def __init__(self, num_seqs: int, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.future: asyncio.Future[np.ndarray] = loop.create_future()
-        self.rows: np.ndarray | None = None
-        self.num_pending = num_seqs
-
-    def is_cancelled(self) -> bool:
-        return self.future.done()
-
-    def set_row(self, index: int, row: np.ndarray) -> None:
-        if self.rows is None:
-            self.rows = np.empty((self.num_pending, row.shape[0]), dtype=np.float32)
-        self.rows[index] = row
-        self.num_pending -= 1
-        if self.num_pending == 0:
-            self.loop.call_soon_threadsafe(_resolve, self.future, self.rows)
-
-    def fail(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_reject, self.future, error)
-
-
-def _resolve(future: asyncio.Future, rows: np.ndarray) -> None:
-    if not future.done():
-        future.set_result(rows)
-
-
-def _reject(future: asyncio.Future, error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
-
-
 @dataclass(slots=True)
 class _InFlight:
     batch: list[ScheduledSequence]
     output: LazyTensor
+    num_tokens: int
+    launched_at: float
 
 
 class Engine:
@@ -70,10 +42,14 @@ class Engine:
     def __init__(self, runner: ModelRunner, config: EngineConfig, on_batch: BatchObserver | None = None):
         self.runner = runner
         self.config = config
-        self.scheduler = Scheduler(config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens)
+        self.rate = ServiceRate(config.max_batch_tokens)
+        self.scheduler = Scheduler(
+            config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens, self.rate
+        )
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         self._thread: threading.Thread | None = None
+        self._last_finished = 0.0
 
     @property
     def queued_tokens(self) -> int:
@@ -93,12 +69,50 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def estimate_seconds(self, num_tokens: int) -> float | None:
+        """How long `num_tokens` tokens take on this engine when idle; None before it has measured."""
+        per_token = self.rate.seconds_per_token
+        return None if per_token is None else num_tokens * per_token
+
     async def run(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
+        return (await self.run_timed(token_ids, token_type_ids)).rows
+
+    async def run_timed(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> EngineOutput:
+        """The rows and where their time went."""
+        return await self.enqueue(token_ids, token_type_ids, deadline)
+
+    def enqueue(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> asyncio.Future[EngineOutput]:
+        """Queue the sequences now (refusals raise here) and return the future of their output, no task
+        in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
+        refuses work the queue could not finish before it (BehindDeadline, a 429)."""
+        request = FutureRequest(len(token_ids), asyncio.get_running_loop())
+        self.submit(request, token_ids, token_type_ids, deadline)
+        return request.future
+
+    def submit(
+        self,
+        request: EngineRequest,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Queue a request from any thread, or raise (Overloaded, SequenceTooLong, EngineStopped,
+        ValueError) before anything is queued."""
         if self._thread is None or not self._thread.is_alive():
             raise EngineStopped("the engine is not running")
         # checked here, before queueing, so that one bad sequence never fails a whole batch
@@ -110,13 +124,11 @@ class Engine:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
-        request = _Request(len(token_ids), asyncio.get_running_loop())
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         self.scheduler.submit(
-            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths)
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths), deadline
         )
-        return await request.future
 
     def _loop(self) -> None:
         device = self.runner.device
@@ -126,6 +138,7 @@ class Engine:
         while True:
             # with a batch on the device, do not wait for new work: finish that batch instead
             batch = self.scheduler.next_batch(timeout=0 if in_flight else 0.5)
+            self.rate.busy = bool(batch) or in_flight is not None
             launched = self._launch(batch) if batch else None
             if in_flight is not None:
                 self._finish(in_flight)
@@ -135,6 +148,12 @@ class Engine:
                 return
 
     def _launch(self, batch: list[ScheduledSequence]) -> _InFlight | None:
+        launched_at = time.perf_counter()
+        owner = None
+        for sequence in batch:
+            if sequence.owner is not owner:
+                owner = sequence.owner
+                owner.started(launched_at)
         try:
             packed = pack(
                 [sequence.token_ids for sequence in batch], [sequence.token_type_ids for sequence in batch]
@@ -146,7 +165,7 @@ class Engine:
             return None
         if self._on_batch is not None:
             self._on_batch(packed.num_tokens, packed.num_seqs)
-        return _InFlight(batch, output)
+        return _InFlight(batch, output, packed.num_tokens, launched_at)
 
     def _finish(self, in_flight: _InFlight) -> None:
         try:
@@ -155,10 +174,20 @@ class Engine:
             logger.exception("engine result failed")
             self._fail(in_flight.batch, EngineError(f"model step failed: {type(error).__name__}"))
             return
+        finished = time.perf_counter()
+        # busy time: batches overlap, so a batch's time starts where the previous one's ended
+        self.rate.observe(in_flight.num_tokens, finished - max(in_flight.launched_at, self._last_finished))
+        self._last_finished = finished
         if not np.isfinite(rows).all():
             logger.error("model produced non-finite outputs")
-        for sequence, row in zip(in_flight.batch, rows):
-            sequence.owner.set_row(sequence.index, row)
+        # a request's sequences sit side by side in a batch: one hand-over per request
+        batch, start = in_flight.batch, 0
+        while start < len(batch):
+            owner, end = batch[start].owner, start + 1
+            while end < len(batch) and batch[end].owner is owner:
+                end += 1
+            owner.set_rows(batch[start].index, rows[start:end])
+            start = end
 
     @staticmethod
     def _fail(batch: list[ScheduledSequence], error: BaseException) -> None:

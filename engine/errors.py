@@ -1,5 +1,7 @@
 """Typed errors raised by the engine; api/errors.py maps them to HTTP."""
 
+import math
+
 
 class EngineError(Exception):
     """Base of every error the engine raises on purpose."""
@@ -13,6 +15,31 @@ class Overloaded(EngineError):
             f"the server queue is full ({queued_tokens} of {max_queue_tokens} tokens); retry later"
         )
         self.retry_after_s = retry_after_s
+
+
+class BehindDeadline(Overloaded):
+    """The work queued ahead of a request and its own would not finish within the time left to it, at
+    the rate the engine measures; retry once the queue has drained."""
+
+    def __init__(self, estimate_s: float, left_s: float):
+        EngineError.__init__(
+            self,
+            f"the server is too busy to finish this request in time: the work queued with it takes "
+            f"about {estimate_s:.1f} s, and {max(0.0, left_s):.1f} s of its --request-timeout are left; "
+            "retry later",
+        )
+        self.retry_after_s = max(1, math.ceil(estimate_s - max(0.0, left_s)))
+
+
+class NeverInTime(EngineError):
+    """A request whose own work takes longer than the request timeout, even on an idle server."""
+
+    def __init__(self, estimate_s: float, timeout_s: float):
+        super().__init__(
+            f"this request would take about {estimate_s:.1f} s on an idle server, longer than the "
+            f"{timeout_s:g} s of --request-timeout; send fewer or shorter inputs"
+        )
+        self.estimate_s = estimate_s
 
 
 class EngineStopped(EngineError):

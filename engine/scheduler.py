@@ -1,13 +1,20 @@
-"""FIFO scheduler under a token and sequence budget; plain Python, no torch."""
+"""FIFO scheduler under a token and sequence budget, admitting work by tokens and by time; plain Python,
+no torch."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.errors import EngineStopped, Overloaded
+from engine.errors import BehindDeadline, EngineStopped, Overloaded
+from engine.service_rate import ServiceRate
+
+# admitted work must finish inside its deadline: the estimate may take this share of the time left, the
+# rest covers the rate's drift between batches
+ADMIT_SHARE = 0.9
 
 
 @dataclass(slots=True, eq=False)
@@ -54,12 +61,20 @@ class QueuedRequest:
 class Scheduler:
     """Strict FIFO over sequences: a batch takes sequences from the front while they fit; the first
     one that does not fit stays at the front and closes the batch. A cancelled request's sequences
-    not yet taken are dropped."""
+    not yet taken are dropped. With a ServiceRate, a request with a deadline is admitted only while the
+    work queued ahead of it plus its own is estimated to finish before it."""
 
-    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, max_queue_tokens: int):
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        max_batch_seqs: int,
+        max_queue_tokens: int,
+        rate: ServiceRate | None = None,
+    ):
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
+        self.rate = rate
         self._queue: deque[QueuedRequest] = deque()
         self._queued_tokens = 0
         self._stopped = False
@@ -69,9 +84,10 @@ class Scheduler:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    def submit(self, request: QueuedRequest) -> None:
-        """Queue one request's sequences together, or refuse them all with Overloaded.
-        An empty queue admits any request, so a request larger than the queue still runs."""
+    def submit(self, request: QueuedRequest, deadline: float | None = None) -> None:
+        """Queue one request's sequences together, or refuse them all with Overloaded. An empty queue
+        admits any number of tokens, so a request larger than the queue still runs; `deadline`
+        (time.perf_counter) refuses work that would finish after it (BehindDeadline)."""
         if not request.lengths:
             raise ValueError("a request needs at least one sequence")
         num_tokens = request.remaining_tokens
@@ -80,6 +96,11 @@ class Scheduler:
                 raise EngineStopped("the engine is shutting down")
             if self._queue and self._queued_tokens + num_tokens > self.max_queue_tokens:
                 raise Overloaded(self._queued_tokens, self.max_queue_tokens)
+            if deadline is not None and self.rate is not None:
+                estimate = self.rate.seconds_for(self._queued_tokens + num_tokens)
+                left = deadline - time.perf_counter()
+                if estimate is not None and estimate > ADMIT_SHARE * left:
+                    raise BehindDeadline(estimate, left)
             self._queue.append(request)
             self._queued_tokens += num_tokens
             self._condition.notify()

@@ -1,0 +1,93 @@
+"""EngineRequest: one caller's sequences inside the engine: their rows as batches finish, when the first
+was batched and the last came back, and how the caller hears of it (an asyncio future in process, a reply
+message in a replica process)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """A request's rows, in the order of its sequences, and where its engine time went."""
+
+    rows: np.ndarray  # [num_seqs, out_dim] float32
+    queue_s: float  # from submission until its first sequence was batched
+    inference_s: float  # from then until its last row was back on the host
+
+
+class EngineRequest:
+    """Rows arrive a batch's worth at a time on the engine's thread; the last ones call `done`."""
+
+    __slots__ = ("num_pending", "rows", "submitted_at", "started_at")
+
+    def __init__(self, num_seqs: int):
+        self.num_pending = num_seqs
+        self.rows: np.ndarray | None = None
+        self.submitted_at = time.perf_counter()
+        self.started_at: float | None = None
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def started(self, now: float) -> None:
+        if self.started_at is None:
+            self.started_at = now
+
+    def set_rows(self, start: int, rows: np.ndarray) -> None:
+        """Rows of sequences start, start + 1, ... (a batch holds a request's sequences in order)."""
+        if self.rows is None:
+            if len(rows) == self.num_pending:  # the whole request in one batch: no copy
+                self.num_pending = 0
+                self.rows = rows
+                self.done(self._output())
+                return
+            self.rows = np.empty((self.num_pending, rows.shape[1]), dtype=np.float32)
+        self.rows[start : start + len(rows)] = rows
+        self.num_pending -= len(rows)
+        if self.num_pending == 0:
+            self.done(self._output())
+
+    def _output(self) -> EngineOutput:
+        now = time.perf_counter()
+        started = self.started_at if self.started_at is not None else now
+        return EngineOutput(self.rows, started - self.submitted_at, now - started)
+
+    def done(self, output: EngineOutput) -> None:
+        raise NotImplementedError
+
+    def fail(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+
+class FutureRequest(EngineRequest):
+    """An in-process caller awaiting an asyncio future; cancelling the future cancels the request."""
+
+    __slots__ = ("loop", "future")
+
+    def __init__(self, num_seqs: int, loop: asyncio.AbstractEventLoop):
+        super().__init__(num_seqs)
+        self.loop = loop
+        self.future: asyncio.Future[EngineOutput] = loop.create_future()
+
+    def is_cancelled(self) -> bool:
+        return self.future.done()
+
+    def done(self, output: EngineOutput) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, output, None)
+
+    def fail(self, error: BaseException) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, None, error)
+
+
+def _settle(future: asyncio.Future, output: EngineOutput | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(output)

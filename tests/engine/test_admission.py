@@ -1,0 +1,91 @@
+"""Admission by time, with a stand-in model of known speed (a step sleeps 0.1 ms a token): the engine
+measures its rate, refuses (BehindDeadline, with Retry-After from its estimate) work that the queue
+could not finish before the request's deadline, admits what it can, and what it admits finishes in time."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import BehindDeadline
+from engine.service_rate import ServiceRate
+
+SECONDS_PER_TOKEN = 1e-4
+
+
+class Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def result(self):
+        return self.rows
+
+
+class TimedRunner:
+    """Takes SECONDS_PER_TOKEN a token, like a model of known speed."""
+
+    device = torch.device("cpu")
+    graphs = None
+
+    def step(self, batch):
+        time.sleep(batch.num_tokens * SECONDS_PER_TOKEN)
+        return Rows(np.ones((batch.num_seqs, 4), dtype=np.float32))
+
+
+def test_the_rate_is_measured_on_large_enough_batches_only():
+    rate = ServiceRate(max_batch_tokens=1000)
+    rate.observe(10, 0.05)  # a small batch: its time is the step's fixed cost
+    assert rate.seconds_for(100) is None
+    rate.observe(500, 0.05)
+    rate.observe(1000, 0.1)
+    assert rate.seconds_per_token == pytest.approx(1e-4)
+    assert rate.seconds_for(2000) == pytest.approx(0.2)
+    rate.busy = True  # a batch on the device comes first
+    assert rate.seconds_for(2000) == pytest.approx(0.3)
+
+
+def test_work_that_cannot_finish_before_its_deadline_is_refused_and_admitted_work_finishes():
+    engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6))
+    engine.start()
+
+    async def main():
+        await engine.run([[1] * 1000])  # measured: about 0.1 s a batch of 1,000 tokens
+        assert engine.rate.seconds_per_token == pytest.approx(SECONDS_PER_TOKEN, rel=0.5)
+        # 20,000 tokens queued (about 2 s), then requests with 1 s left: refused, whole
+        deadline = time.perf_counter() + 1.0
+        queued = engine.enqueue([[1] * 1000] * 20)
+        with pytest.raises(BehindDeadline) as refused:
+            engine.enqueue([[1] * 1000], None, deadline)
+        assert refused.value.retry_after_s >= 1
+        assert "--request-timeout" in str(refused.value)
+        # with 5 s left the same request fits behind the queue, and finishes inside its deadline
+        deadline = time.perf_counter() + 5.0
+        admitted = await engine.enqueue([[1] * 1000], None, deadline)
+        assert time.perf_counter() < deadline
+        assert admitted.queue_s > 1.0 and admitted.inference_s > 0.05  # it waited behind the queue
+        await queued
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.stop()
+
+
+def test_before_any_measurement_work_is_admitted_by_tokens_only():
+    engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6))
+    engine.start()
+
+    async def main():
+        # nothing measured yet: the engine cannot tell, so it does not refuse for time
+        output = await engine.enqueue([[1] * 10], None, time.perf_counter() + 0.001)
+        assert output.rows.shape == (1, 4)
+        assert engine.estimate_seconds(1000) is None  # a 10-token batch measures nothing
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.stop()
