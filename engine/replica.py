@@ -1,31 +1,54 @@
-"""An engine replica process: builds its model's engine on its device, then serves Run messages from the
-gateways over a ZeroMQ ROUTER socket, answering each with its rows or a typed Failure. It exits on
-SIGTERM (the engine fails what is still queued with EngineStopped) or when its parent is gone."""
+"""An engine replica process: builds its model's engine on its device, then serves gateways on a Unix
+stream socket (engine/replica_protocol.py). One thread reads every gateway's frames and queues their
+Runs on the engine; the engine's thread writes each request's rows into that gateway's reply ring and
+answers at once. It exits on SIGTERM (the engine fails what is still queued with EngineStopped) or when
+its parent is gone."""
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import logging
 import os
+import selectors
 import signal
+import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.passing_thread import run_in_passing_thread
-from engine.replica_protocol import Cancel, Failure, Result, Run, encoder, replica_decoder
+from engine.replica_protocol import (
+    Cancel,
+    Failure,
+    FrameReader,
+    Freed,
+    Hello,
+    Result,
+    Run,
+    encoder,
+    frame,
+    replica_decoder,
+)
+from engine.request import EngineOutput, EngineRequest
+from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
 
 logger = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0
+RECEIVE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     model: str | None  # as --model gave it; None is the bundled default
     engine: EngineConfig
-    endpoint: str  # where the ROUTER socket binds, e.g. ipc:///tmp/posy-1234/m0-r1
+    endpoint: str  # the path of the Unix socket it listens on, in a folder that also holds the rings
     bidirectional: bool = False
     max_model_len: int | None = None
     log_level: str = "info"
@@ -57,67 +80,219 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     # in a thread that exits: this main thread would otherwise slow the engine's CPU steps
     engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
     description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
+    stop = threading.Event()
+    wake_read, wake_write = socket.socketpair()
+    wake_write.setblocking(False)
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+        try:
+            wake_write.send(b"x")
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        asyncio.run(serve(engine, config.endpoint, ready))
+        serve(engine, config.endpoint, ready, stop, wake_read, parent=os.getppid())
     finally:
         engine.stop()
 
 
-async def serve(engine: Engine, endpoint: str, ready) -> None:
-    import zmq
-    import zmq.asyncio
-
-    context = zmq.asyncio.Context()
-    socket = context.socket(zmq.ROUTER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.bind(endpoint)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    parent = os.getppid()
-    encode, decode = encoder(), replica_decoder()
-    tasks: dict[tuple[bytes, int], asyncio.Task] = {}
-
-    async def answer(identity: bytes, run: Run) -> None:
-        try:
-            rows = await engine.run(run.token_ids, run.token_type_ids)
-            reply: Result | Failure = Result(
-                run.id, rows.astype("<f4").tobytes(), len(rows), engine.queued_tokens
-            )
-        except Overloaded as error:
-            reply = Failure(run.id, "overloaded", str(error), engine.queued_tokens, error.retry_after_s)
-        except (SequenceTooLong, ValueError) as error:
-            reply = Failure(run.id, "invalid", str(error), engine.queued_tokens)
-        except EngineStopped as error:
-            reply = Failure(run.id, "stopped", str(error), engine.queued_tokens)
-        except EngineError as error:
-            reply = Failure(run.id, "failed", str(error), engine.queued_tokens)
-        finally:
-            tasks.pop((identity, run.id), None)
-        await socket.send_multipart([identity, encode.encode(reply)])
-
-    async def receive() -> None:
-        while True:
-            identity, payload = await socket.recv_multipart()
-            message = decode.decode(payload)
-            if isinstance(message, Cancel):
-                task = tasks.pop((identity, message.id), None)
-                if task is not None:
-                    task.cancel()  # its engine future is cancelled: the scheduler drops what is queued
-            else:
-                tasks[identity, message.id] = asyncio.create_task(answer(identity, message))
-
-    async def watch_parent() -> None:
-        while os.getppid() == parent:
-            await asyncio.sleep(PARENT_CHECK_S)
-        logger.warning("the gateway process is gone: stopping")
-        stop.set()
-
+def serve(
+    engine: Engine,
+    endpoint: str,
+    ready,
+    stop: threading.Event,
+    wake: socket.socket | None = None,
+    parent: int | None = None,
+) -> None:
+    """Accept gateways on `endpoint` and serve them until `stop` is set (`wake` readable makes the
+    loop look at once) or the process `parent` is gone."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    Path(endpoint).unlink(missing_ok=True)  # a replica killed before it could clean up
+    listener.bind(endpoint)
+    listener.listen(256)
+    folder = Path(endpoint).parent
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    if wake is not None:
+        selector.register(wake, selectors.EVENT_READ, "wake")
+    connections: list[_Connection] = []
     ready.set()
     logger.info("replica serving %s on %s", engine.attention_backend, endpoint)
-    workers = [asyncio.create_task(receive()), asyncio.create_task(watch_parent())]
-    await stop.wait()
-    for task in [*workers, *tasks.values()]:
-        task.cancel()
-    socket.close()
-    context.term()
+    checked = time.monotonic()
+    try:
+        while not stop.is_set():
+            for key, _ in selector.select(timeout=PARENT_CHECK_S):
+                if key.data is None:
+                    accepted, _ = listener.accept()
+                    connection = _Connection(accepted, folder, engine)
+                    connections.append(connection)
+                    selector.register(accepted, selectors.EVENT_READ, connection)
+                elif key.data == "wake":
+                    key.fileobj.recv(64)
+                elif not key.data.receive():
+                    selector.unregister(key.fileobj)
+                    key.data.close()
+                    connections.remove(key.data)
+            if parent is not None and time.monotonic() - checked >= PARENT_CHECK_S:
+                checked = time.monotonic()
+                if os.getppid() != parent:
+                    logger.warning("the gateway process is gone: stopping")
+                    return
+    finally:
+        for connection in connections:
+            connection.close()
+        selector.close()
+        listener.close()
+        Path(endpoint).unlink(missing_ok=True)
+
+
+class _Connection:
+    """One gateway's connection: its socket, the rings it made, and its Runs queued here. Frames are
+    read on the serving thread; replies go out from the engine's thread, under `lock`."""
+
+    def __init__(self, sock: socket.socket, folder: Path, engine: Engine):
+        self.sock, self.folder, self.engine = sock, folder, engine
+        self.reader = FrameReader(replica_decoder())
+        self.encode = encoder()
+        self.lock = threading.Lock()
+        self.requests: Mapping | None = None
+        self.replies: RingWriter | None = None
+        self.requests_read = 0
+        self.running: dict[int, _Reply] = {}
+        self.open = True
+
+    def receive(self) -> bool:
+        """Handle what has arrived; False once the gateway has closed the connection."""
+        try:
+            data = self.sock.recv(RECEIVE_BYTES)
+        except OSError:
+            return False
+        if not data:
+            return False
+        for message in self.reader.feed(data):
+            if isinstance(message, Run):
+                self._run(message)
+            elif isinstance(message, Cancel):
+                request = self.running.pop(message.id, None)
+                if request is not None:
+                    request.cancelled = True  # the scheduler drops what is not yet batched
+            elif isinstance(message, Freed):
+                self._replies_read(message.replies_read)
+            elif isinstance(message, Hello):
+                self.requests = Mapping(self.folder / message.requests, message.requests_size, create=False)
+                replies = Mapping(self.folder / message.replies, message.replies_size, create=False)
+                self.replies = RingWriter(replies)
+        return True
+
+    def _run(self, run: Run) -> None:
+        self._replies_read(run.replies_read)
+        lengths, ids, types = self._payload(run)
+        ends = list(itertools.accumulate(lengths))
+        token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
+        token_types = None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
+        deadline = None if run.time_left_s is None else time.perf_counter() + run.time_left_s
+        request = _Reply(run.num_seqs, self, run.id)
+        self.running[run.id] = request
+        try:
+            self.engine.submit(request, token_ids, token_types, deadline)
+        except (EngineError, ValueError) as error:
+            self.running.pop(run.id, None)
+            self.fail(run.id, error)
+
+    def _payload(self, run: Run) -> tuple[list[int], np.ndarray, np.ndarray | None]:
+        """The Run's lengths, token ids and token types, copied out of the ring (whose space the next
+        reply then frees)."""
+        count = run.num_tokens
+        if run.spill is not None:
+            data = read_spill(self.folder, run.spill).view(np.int32)
+        else:
+            words = run.num_seqs + count * (2 if run.has_types else 1)
+            data = self.requests.array(run.offset, "<i4", words).copy()
+            self.requests_read = max(self.requests_read, run.end)
+        lengths = data[: run.num_seqs].tolist()
+        ids = data[run.num_seqs : run.num_seqs + count]
+        types = data[run.num_seqs + count :] if run.has_types else None
+        return lengths, ids, types
+
+    def _replies_read(self, position: int) -> None:
+        if self.replies is not None and position:
+            with self.lock:
+                self.replies.release(position)
+
+    # the engine's thread
+
+    def reply(self, run_id: int, output: EngineOutput) -> None:
+        rows = np.ascontiguousarray(output.rows, dtype="<f4")
+        with self.lock:
+            if not self.open:
+                return
+            self.running.pop(run_id, None)
+            spot = self.replies.reserve(rows.nbytes) if self.replies is not None else None
+            if spot is None:
+                offset, end, spill = 0, 0, write_spill(self.folder, [rows])
+            else:
+                (offset, end), spill = spot, None
+                self.replies.mapping.array(offset, "<f4", rows.size)[:] = rows.reshape(-1)
+            result = Result(
+                run_id, rows.shape[0], rows.shape[1], offset, end, spill, output.queue_s, output.inference_s,
+                self.engine.queued_tokens, self.requests_read, self.engine.rate.seconds_per_token,
+            )  # fmt: skip
+            self._send(result)
+
+    def fail(self, run_id: int, error: BaseException) -> None:
+        self.running.pop(run_id, None)
+        retry_after = 1.0
+        if isinstance(error, Overloaded):
+            kind, retry_after = "overloaded", float(error.retry_after_s)
+        elif isinstance(error, (SequenceTooLong, ValueError)):
+            kind = "invalid"
+        elif isinstance(error, EngineStopped):
+            kind = "stopped"
+        else:
+            kind = "failed"
+        failure = Failure(
+            run_id, kind, str(error), self.engine.queued_tokens, self.requests_read, retry_after,
+            self.engine.rate.seconds_per_token,
+        )  # fmt: skip
+        with self.lock:
+            if self.open:
+                self._send(failure)
+
+    def _send(self, message) -> None:
+        try:
+            self.sock.sendall(frame(self.encode, message))
+        except OSError:  # the gateway is gone; its connection closes on the serving thread
+            self.open = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.open = False
+            for request in self.running.values():
+                request.cancelled = True
+            self.running.clear()
+            self.sock.close()
+            # a gateway that died leaves its rings behind: they are gone with its connection
+            for mapping in (self.requests, self.replies.mapping if self.replies is not None else None):
+                if mapping is not None:
+                    mapping.close(unlink=True)
+
+
+class _Reply(EngineRequest):
+    """A Run's request in the engine: its rows go back over the connection it came on."""
+
+    __slots__ = ("connection", "run_id", "cancelled")
+
+    def __init__(self, num_seqs: int, connection: _Connection, run_id: int):
+        super().__init__(num_seqs)
+        self.connection, self.run_id, self.cancelled = connection, run_id, False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled or not self.connection.open
+
+    def done(self, output: EngineOutput) -> None:
+        self.connection.reply(self.run_id, output)
+
+    def fail(self, error: BaseException) -> None:
+        self.connection.fail(self.run_id, error)

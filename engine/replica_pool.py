@@ -1,21 +1,25 @@
-"""ReplicaPool: the gateway's side of the engine replicas, with Engine's `run` interface. A request's
-sequences are cut into chunks of at most `chunk_tokens` tokens, each chunk goes to the live replica with
-the fewest outstanding tokens (those this gateway has sent it, plus the queue it last reported), and the
-rows come back in input order. A chunk whose replica dies is sent once more to another; losing it twice
-fails the request with EngineStopped (503). Overloaded replicas answer at once (429)."""
+"""ReplicaPool: the gateway's side of the engine replicas, with Engine's `enqueue` / `run` interface. A
+request's sequences are cut into chunks of at most `chunk_tokens` tokens, each chunk goes to the live
+replica with the fewest outstanding tokens (those this gateway has sent it, plus the queue it last
+reported), and the rows come back in input order. A request is admitted whole or refused whole: one chunk
+refused (and not taken by another replica with room) cancels the others. A chunk whose replica dies is
+sent once more to another; losing it twice fails the request with EngineStopped (503)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
-from engine.replica_protocol import Cancel, Failure, Run, encoder, gateway_decoder
+from engine.replica_link import ReplicaLink
+from engine.replica_protocol import Cancel, Failure, Result
+from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # a chunk is sent at most twice: its first replica, and one other if that one dies
@@ -27,12 +31,26 @@ class ReplicaOverloaded(Overloaded):
         self.retry_after_s = max(1, round(retry_after_s))
 
 
-@dataclass(slots=True)
-class _Chunk:
-    token_ids: list[list[int]]
-    token_type_ids: list[list[int] | None] | None
-    num_tokens: int
+@dataclass(slots=True, eq=False)
+class _Request:
+    """One caller's request over its chunks: done when every chunk is, failed when one fails."""
+
     future: asyncio.Future
+    chunks: list[_Chunk] = field(default_factory=list)
+    parts: list[np.ndarray | None] = field(default_factory=list)
+    num_pending: int = 0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Chunk:
+    token_ids: Sequence[Sequence[int]]
+    token_type_ids: Sequence[Sequence[int] | None] | None
+    num_tokens: int
+    request: _Request
+    position: int  # in its request
+    deadline: float | None
     replica: int = -1
     attempts: int = 0
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
@@ -60,14 +78,13 @@ class ReplicaPool:
         num_replicas = len(self.endpoints)
         self.outstanding = [0] * num_replicas  # tokens this gateway has in flight on each replica
         self.reported = [0] * num_replicas  # queued tokens each replica last reported
+        self.seconds_per_token: list[float | None] = [None] * num_replicas  # each replica's measured rate
         self.alive = [True] * num_replicas
         self.chunks_sent = [0] * num_replicas
         self._pending: dict[int, _Chunk] = {}
         self._ids = itertools.count()
-        self._encode, self._decode = encoder(), gateway_decoder()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sockets: list = []
-        self._receivers: list[asyncio.Task] = []
+        self._links: list[ReplicaLink | None] = [None] * num_replicas
         self._stopped = False
 
     @property
@@ -77,12 +94,38 @@ class ReplicaPool:
     def describe(self) -> dict[str, str]:
         return {**self.description, "replicas": str(len(self.endpoints))}
 
+    def estimate_seconds(self, num_tokens: int) -> float | None:
+        """How long `num_tokens` tokens take spread over the idle live replicas at their measured rates;
+        None while one of them has not measured."""
+        rates = [self.seconds_per_token[index] for index, alive in enumerate(self.alive) if alive]
+        if not rates or None in rates:
+            return None
+        return num_tokens / sum(1 / rate for rate in rates)  # type: ignore[operator]
+
     async def run(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
+        return (await self.enqueue(token_ids, token_type_ids)).rows
+
+    async def run_timed(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> EngineOutput:
+        return await self.enqueue(token_ids, token_type_ids, deadline)
+
+    def enqueue(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> asyncio.Future[EngineOutput]:
+        """Send the request's chunks now and return the future of its output (the slowest chunk's queue
+        and inference times); cancelling it cancels every chunk on its replica."""
         lengths = [len(ids) for ids in token_ids]
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
@@ -92,25 +135,22 @@ class ReplicaPool:
             )
         if self._stopped:
             raise EngineStopped("the engine is not running")
-        self._connect()
-        chunks = []
+        self._use_running_loop()
+        request = _Request(self._loop.create_future())
         for start, end in split_by_tokens(lengths, self.chunk_tokens):
-            # slices, not copies of every sequence: msgpack encodes any sequence of ints as an array
-            ids = list(token_ids[start:end])
-            types = None if token_type_ids is None else list(token_type_ids[start:end])
-            chunks.append(_Chunk(ids, types, sum(lengths[start:end]), self._loop.create_future()))
-        for chunk in chunks:
+            types = None if token_type_ids is None else token_type_ids[start:end]
+            chunk = _Chunk(
+                token_ids[start:end], types, sum(lengths[start:end]), request, len(request.chunks), deadline
+            )
+            request.chunks.append(chunk)
+        request.parts = [None] * len(request.chunks)
+        request.num_pending = len(request.chunks)
+        request.future.add_done_callback(lambda _, request=request: self._request_done(request))
+        for chunk in request.chunks:
+            if request.future.done():
+                break
             self._send(chunk)
-        try:
-            parts = await asyncio.gather(*(chunk.future for chunk in chunks))
-        except BaseException:
-            # the rest of the request is not wanted any more (gather has cancelled the futures already)
-            for chunk in chunks:
-                chunk.future.cancel()
-                if self._pending.get(chunk.id) is chunk:
-                    self._forget(chunk.id, cancel=True)
-            raise
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return request.future
 
     def replica_died(self, index: int) -> None:
         """From any thread: the replica's process is gone; its chunks go elsewhere once."""
@@ -125,7 +165,7 @@ class ReplicaPool:
     def stop(self) -> None:
         self._stopped = True
         if not self._call_in_loop(self._close):
-            self._close()  # no loop runs any more: nothing else touches the sockets
+            self._close()  # no loop runs any more: nothing else touches the links
 
     def _call_in_loop(self, function, *args) -> bool:
         """Run `function` in the pool's event loop; False where there is none (any more)."""
@@ -139,69 +179,101 @@ class ReplicaPool:
 
     # the event loop's side
 
-    def _connect(self) -> None:
-        """Sockets on the running loop; a new loop (a test's, a restarted server's) gets new ones."""
+    def _use_running_loop(self) -> None:
+        """Links live on one loop; a new loop (a test's, a restarted server's) gets new ones."""
         loop = asyncio.get_running_loop()
-        if self._sockets and loop is self._loop:
+        if loop is self._loop:
             return
-        import zmq
-        import zmq.asyncio
-
-        if self._sockets:
-            self._close()
-            self._sockets, self._receivers = [], []
-            self.outstanding = [0] * len(self.endpoints)
+        self._close()
         self._loop = loop
-        self._context = zmq.asyncio.Context()
-        for index, endpoint in enumerate(self.endpoints):
-            socket = self._context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(endpoint)
-            self._sockets.append(socket)
-            self._receivers.append(self._loop.create_task(self._receive(index, socket)))
+        self.outstanding = [0] * len(self.endpoints)
+
+    def _link(self, index: int) -> ReplicaLink | None:
+        link = self._links[index]
+        if link is None:
+            try:
+                link = ReplicaLink(
+                    index, self.endpoints[index], self._loop, self._on_message, self._on_closed
+                )
+            except OSError as error:  # not listening (yet, or any more): another replica takes the chunk
+                logger.warning("engine replica %d cannot be reached: %s", index, error)
+                return None
+            self._links[index] = link
+        return link
 
     def _send(self, chunk: _Chunk) -> None:
-        live = [index for index, alive in enumerate(self.alive) if alive]
-        if not live:
-            chunk.future.set_exception(EngineStopped("no engine replica is running"))
-            return
-        replica = min(live, key=lambda index: self.outstanding[index] + self.reported[index])
+        while True:
+            live = [index for index, alive in enumerate(self.alive) if alive]
+            if not live:
+                self._fail_request(chunk.request, EngineStopped("no engine replica is running"))
+                return
+            replica = min(live, key=lambda index: self.outstanding[index] + self.reported[index])
+            link = self._link(replica)
+            if link is not None:
+                break
+            self.alive[replica] = False
         chunk_id = next(self._ids)
         chunk.replica, chunk.attempts, chunk.id = replica, chunk.attempts + 1, chunk_id
         self._pending[chunk_id] = chunk
         self.outstanding[replica] += chunk.num_tokens
         self.chunks_sent[replica] += 1
-        message = Run(chunk_id, chunk.token_ids, chunk.token_type_ids)
-        self._sockets[replica].send(self._encode.encode(message))
+        time_left = None if chunk.deadline is None else chunk.deadline - time.perf_counter()
+        link.send_run(chunk_id, chunk.token_ids, chunk.token_type_ids, chunk.num_tokens, time_left)
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
         chunk = self._pending.pop(chunk_id, None)
         if chunk is not None:
             self.outstanding[chunk.replica] -= chunk.num_tokens
-            if cancel and self.alive[chunk.replica]:
-                self._sockets[chunk.replica].send(self._encode.encode(Cancel(chunk_id)))
+            link = self._links[chunk.replica]
+            if cancel and link is not None:
+                link.send(Cancel(chunk_id))
         return chunk
 
-    async def _receive(self, index: int, socket) -> None:
-        while True:
-            payload = await socket.recv()
-            message = self._decode.decode(payload)
-            self.reported[index] = message.queued_tokens
-            chunk = self._forget(message.id)
-            if chunk is None or chunk.future.done():  # cancelled, or already sent elsewhere
-                continue
-            if isinstance(message, Failure):
-                # a stopped replica's chunk goes elsewhere; so does a refused one where another replica
-                # has room (its queue filled with other gateways' work since this one last heard of it)
-                retry = message.kind == "stopped" or (
-                    message.kind == "overloaded" and self._room_elsewhere(index)
-                )
-                if retry and chunk.attempts < MAX_ATTEMPTS:
-                    self._resend(chunk)
-                else:
-                    chunk.future.set_exception(_exception(message))
+    def _on_message(self, index: int, message: Result | Failure, rows: np.ndarray | None) -> None:
+        self.reported[index] = message.queued_tokens
+        self.seconds_per_token[index] = message.seconds_per_token
+        chunk = self._forget(message.id)
+        if chunk is None or chunk.request.future.done():  # cancelled, or already sent elsewhere
+            return
+        if isinstance(message, Failure):
+            # a stopped replica's chunk goes elsewhere; so does a refused one where another replica has
+            # room (its queue filled with other gateways' work since this one last heard of it)
+            retry = message.kind == "stopped" or (
+                message.kind == "overloaded" and self._room_elsewhere(index)
+            )
+            if retry and chunk.attempts < MAX_ATTEMPTS:
+                self._resend(chunk)
             else:
-                chunk.future.set_result(message.array())
+                self._fail_request(chunk.request, _exception(message))
+            return
+        request = chunk.request
+        request.parts[chunk.position] = rows
+        request.queue_s = max(request.queue_s, message.queue_s)
+        request.inference_s = max(request.inference_s, message.inference_s)
+        request.num_pending -= 1
+        if request.num_pending == 0:
+            parts = request.parts
+            output = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            request.future.set_result(EngineOutput(output, request.queue_s, request.inference_s))
+
+    def _fail_request(self, request: _Request, error: BaseException) -> None:
+        if not request.future.done():
+            request.future.set_exception(error)  # _request_done cancels the other chunks
+
+    def _request_done(self, request: _Request) -> None:
+        """A request that failed or was cancelled takes its other chunks off the replicas."""
+        future = request.future
+        if not future.cancelled() and future.exception() is None:
+            return
+        for chunk in request.chunks:
+            if self._pending.get(chunk.id) is chunk:
+                self._forget(chunk.id, cancel=True)
+
+    def _on_closed(self, index: int, link: ReplicaLink) -> None:
+        """The replica closed its end (it died or stopped): its chunks go elsewhere."""
+        if self._links[index] is link:
+            self._links[index] = None
+            self._fail_over(index)
 
     def _room_elsewhere(self, index: int) -> bool:
         load = [self.outstanding[other] + self.reported[other] for other in range(len(self.endpoints))]
@@ -211,19 +283,24 @@ class ReplicaPool:
 
     def _resend(self, chunk: _Chunk) -> None:
         if chunk.attempts >= MAX_ATTEMPTS:
-            chunk.future.set_exception(EngineStopped("the engine replica running this request stopped"))
+            self._fail_request(
+                chunk.request, EngineStopped("the engine replica running this request stopped")
+            )
         else:
             self._send(chunk)
 
     def _fail_over(self, index: int) -> None:
         self.alive[index] = False
         self.reported[index] = 0
+        link, self._links[index] = self._links[index], None
+        if link is not None:
+            link.close()
         lost = [chunk_id for chunk_id, chunk in self._pending.items() if chunk.replica == index]
         if lost:
             logger.warning("engine replica %d died with %d chunks in flight: retrying them", index, len(lost))
         for chunk_id in lost:
             chunk = self._forget(chunk_id)
-            if chunk is not None and not chunk.future.done():
+            if chunk is not None and not chunk.request.future.done():
                 self._resend(chunk)
 
     def _revive(self, index: int) -> None:
@@ -231,18 +308,16 @@ class ReplicaPool:
         self.reported[index] = 0
 
     def _close(self) -> None:
-        """Fail what is pending, stop the receivers, close the sockets (LINGER 0: nothing waits)."""
+        """Fail what is pending and close the links."""
         for chunk in self._pending.values():
-            if not chunk.future.done() and not chunk.future.get_loop().is_closed():
-                chunk.future.set_exception(EngineStopped("the server is shutting down"))
+            future = chunk.request.future
+            if not future.done() and not future.get_loop().is_closed():
+                future.set_exception(EngineStopped("the server is shutting down"))
         self._pending.clear()
-        for task in self._receivers:
-            if not task.get_loop().is_closed():
-                task.cancel()
-        for socket in self._sockets:
-            socket.close(linger=0)
-        if self._sockets:
-            self._context.term()
+        for index, link in enumerate(self._links):
+            if link is not None:
+                link.close()
+            self._links[index] = None
 
 
 def _exception(failure: Failure) -> Exception:

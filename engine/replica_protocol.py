@@ -1,17 +1,41 @@
-"""The messages between a gateway and an engine replica process: msgspec-encoded (msgpack), token ids in,
-float32 rows out, never pickle. A replica answers every Run with a Result or a Failure, and reports its
-queued tokens in both so that gateways balance on fresh numbers."""
+"""The messages between a gateway and an engine replica process, never pickle: small msgspec (msgpack)
+frames on a Unix stream socket, each behind its 4-byte length, while token ids and rows travel through
+the shared-memory rings of engine/shm_ring.py that the frames point into. A replica answers every Run
+with a Result or a Failure, and reports its queue and its measured rate in both so that gateways
+balance and estimate on fresh numbers."""
 
 from __future__ import annotations
 
+import struct
+
 import msgspec
-import numpy as np
+
+LENGTH = struct.Struct("<I")
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
+    """A gateway's first frame on a new connection: the two rings it made for it (file names in the
+    replica's folder) and their sizes."""
+
+    requests: str
+    requests_size: int
+    replies: str
+    replies_size: int
 
 
 class Run(msgspec.Struct, tag="run", array_like=True):
+    """Sequences to embed. The request ring holds at `offset`: lengths (int32 [num_seqs]), token ids
+    (int32 [num_tokens]) and, with `has_types`, token type ids (int32 [num_tokens]); or the file `spill`."""
+
     id: int
-    token_ids: list[list[int]]
-    token_type_ids: list[list[int] | None] | None = None
+    num_seqs: int
+    num_tokens: int
+    has_types: bool
+    offset: int
+    end: int  # the ring position after this payload, which the replica acknowledges
+    spill: str | None = None
+    time_left_s: float | None = None  # of the request's deadline; None: no deadline
+    replies_read: int = 0  # the gateway has read the reply ring up to here
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -20,28 +44,70 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
     id: int
 
 
-class Result(msgspec.Struct, tag="result", array_like=True):
-    id: int
-    rows: bytes  # [num_rows, dim] little-endian float32
-    num_rows: int
-    queued_tokens: int
+class Freed(msgspec.Struct, tag="freed", array_like=True):
+    """The gateway has read the reply ring up to here (sent when no Run carries it soon enough)."""
 
-    def array(self) -> np.ndarray:
-        return np.frombuffer(self.rows, dtype="<f4").reshape(self.num_rows, -1)
+    replies_read: int
+
+
+class Result(msgspec.Struct, tag="result", array_like=True):
+    """Rows (float32 [num_rows, dim]) at `offset` of the reply ring, or in the file `spill`."""
+
+    id: int
+    num_rows: int
+    dim: int
+    offset: int
+    end: int
+    spill: str | None
+    queue_s: float
+    inference_s: float
+    queued_tokens: int
+    requests_read: int  # the replica has copied every Run's payload up to this request-ring position
+    seconds_per_token: float | None = None  # the replica's measured rate; None before it has one
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):
     id: int
-    # "overloaded": the queue is full (429); "invalid": the request itself is wrong (400); "stopped": the
-    # replica is shutting down (503); "failed": the model failed on it (500)
+    # "overloaded": the queue is full or too slow for the deadline (429); "invalid": the request itself is
+    # wrong (400); "stopped": the replica is shutting down (503); "failed": the model failed on it (500)
     kind: str
     message: str
     queued_tokens: int
+    requests_read: int
     retry_after_s: float = 1.0
+    seconds_per_token: float | None = None
 
 
-ToReplica = Run | Cancel
+ToReplica = Hello | Run | Cancel | Freed
 FromReplica = Result | Failure
+
+
+def frame(encoder: msgspec.msgpack.Encoder, message: msgspec.Struct) -> bytes:
+    body = encoder.encode(message)
+    return LENGTH.pack(len(body)) + body
+
+
+class FrameReader:
+    """Reassembles frames from a stream's chunks."""
+
+    def __init__(self, decoder: msgspec.msgpack.Decoder):
+        self.decoder = decoder
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        buffer = self._buffer
+        buffer += data
+        messages, start = [], 0
+        while len(buffer) - start >= LENGTH.size:
+            (size,) = LENGTH.unpack_from(buffer, start)
+            if len(buffer) - start - LENGTH.size < size:
+                break
+            begin = start + LENGTH.size
+            messages.append(self.decoder.decode(buffer[begin : begin + size]))
+            start = begin + size
+        if start:
+            del buffer[:start]
+        return messages
 
 
 def encoder() -> msgspec.msgpack.Encoder:

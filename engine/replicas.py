@@ -11,7 +11,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.replica import ReplicaConfig, replica_main
 from engine.replica_pool import ReplicaPool
+from engine.shm_ring import memory_folder
 
 logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels
@@ -65,12 +65,13 @@ class ReplicaSet:
         if num_replicas < 1:
             raise ValueError("a replica set needs at least one replica")
         self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked CUDA state
-        self._folder = tempfile.mkdtemp(prefix="posy-")
+        # sockets and shared-memory rings, in memory where the system has a folder for it
+        self._folder = str(memory_folder("posy-"))
         self.configs = [
             ReplicaConfig(
                 model=model,
                 engine=dataclasses.replace(engine_config, device=_device(engine_config.device, index)),
-                endpoint=f"ipc://{self._folder}/replica-{index}",
+                endpoint=f"{self._folder}/replica-{index}.sock",
                 bidirectional=bidirectional,
                 max_model_len=max_model_len,
                 log_level=log_level,

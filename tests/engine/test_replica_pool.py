@@ -1,75 +1,90 @@
-"""ReplicaPool against fake replicas (ZeroMQ ROUTER sockets in the test's event loop, no model): chunks
-come back in input order from several replicas, a chunk refused by a full replica goes to one with room,
-all replicas full is Overloaded with Retry-After, and a cancelled request tells its replicas."""
+"""ReplicaPool against stand-in replicas (the replica's own serving loop in a thread, over an engine that
+answers at once, refuses or holds; no model): chunks come back in input order from several replicas, a
+chunk refused by a full replica goes to one with room, all replicas full is Overloaded with Retry-After,
+a request split over replicas is admitted whole or refused whole, a cancelled request tells its
+replicas, payloads larger than the rings still arrive, and the deadline travels with each chunk."""
 
 import asyncio
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
 
+from engine import replica_link
+from engine.errors import BehindDeadline
+from engine.replica import serve
 from engine.replica_pool import ReplicaOverloaded, ReplicaPool
-from engine.replica_protocol import Cancel, Failure, Result, Run, encoder, replica_decoder
-
-zmq = pytest.importorskip("zmq")
 
 
-class FakeReplica:
-    """Answers each Run with one row per sequence, [sum of its ids, its length], or refuses it when
-    `full`; `hold` keeps Runs unanswered; records every message."""
+class StandInEngine:
+    """Answers each request with one row per sequence, [sum of its ids, its length]; or refuses every
+    request when `full` (as the queue would), or holds them all when `hold`. Records what it got."""
 
-    def __init__(self, endpoint: str, full: bool = False, hold: bool = False):
-        import zmq.asyncio
+    attention_backend = "stand-in"
 
-        self.full, self.hold, self.messages = full, hold, []
-        self.socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(endpoint)
-        self.task = asyncio.get_running_loop().create_task(self.serve())
+    def __init__(
+        self,
+        full: bool = False,
+        hold: bool = False,
+        seconds_per_token: float | None = None,
+        queued: int | None = None,
+    ):
+        self.full, self.hold = full, hold
+        # a full queue says so in its refusals, unless it refuses for the deadline with little queued
+        self.queued_tokens = queued if queued is not None else 10**6 if full else 0
+        self.rate = type("Rate", (), {"seconds_per_token": seconds_per_token})()
+        self.received: list[tuple[list[list[int]], float | None]] = []
+        self.held = []
 
-    async def serve(self):
-        encode, decode = encoder(), replica_decoder()
-        while True:
-            identity, payload = await self.socket.recv_multipart()
-            message = decode.decode(payload)
-            self.messages.append(message)
-            if isinstance(message, Cancel) or self.hold:
-                continue
-            if self.full:
-                reply = Failure(
-                    message.id, "overloaded", "the queue is full", queued_tokens=10**6, retry_after_s=3
-                )
-            else:
-                rows = np.array([[sum(ids), len(ids)] for ids in message.token_ids], dtype="<f4")
-                reply = Result(message.id, rows.tobytes(), len(rows), queued_tokens=0)
-            await self.socket.send_multipart([identity, encode.encode(reply)])
+    def submit(self, request, token_ids, token_type_ids=None, deadline=None):
+        self.received.append(([list(map(int, ids)) for ids in token_ids], deadline))
+        if self.full:
+            raise BehindDeadline(9.0, 6.5)
+        if self.hold:
+            self.held.append(request)
+            return
+        rows = np.array([[float(np.sum(ids)), len(ids)] for ids in token_ids], dtype=np.float32)
+        threading.Thread(target=request.set_rows, args=(0, rows)).start()
+
+
+class StandInReplica:
+    def __init__(self, endpoint: str, **behaviour):
+        self.engine = StandInEngine(**behaviour)
+        self.stop = threading.Event()
+        self.wake, self._wake_write = socket.socketpair()
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=serve, args=(self.engine, endpoint, ready, self.stop, self.wake)
+        )
+        self.thread.start()
+        assert ready.wait(10)
 
     def close(self):
-        self.task.cancel()
-        self.socket.close()
+        self.stop.set()
+        self._wake_write.send(b"x")
+        self.thread.join(10)
 
 
-def endpoints(tmp_path, count):
-    return [f"ipc://{tmp_path}/fake-{index}" for index in range(count)]
-
-
-def run_with(tmp_path, behaviours, body):
-    """Start fake replicas with the given behaviours and a pool over them, run `body(pool, fakes)`."""
+def run_with(tmp_path, behaviours, body, chunk_tokens=10):
+    """Stand-in replicas with the given behaviours and a pool over them; `body(pool, engines)`."""
+    endpoints = [str(tmp_path / f"replica-{index}.sock") for index in range(len(behaviours))]
+    replicas = [StandInReplica(endpoint, **behaviour) for endpoint, behaviour in zip(endpoints, behaviours)]
 
     async def main():
-        fakes = [
-            FakeReplica(endpoint, **behaviour)
-            for endpoint, behaviour in zip(endpoints(tmp_path, len(behaviours)), behaviours)
-        ]
-        pool = ReplicaPool(endpoints(tmp_path, len(behaviours)), chunk_tokens=10, max_sequence_tokens=100)
+        pool = ReplicaPool(endpoints, chunk_tokens=chunk_tokens, max_sequence_tokens=100)
         try:
-            return await asyncio.wait_for(body(pool, fakes), 30)
+            return await asyncio.wait_for(body(pool, [replica.engine for replica in replicas]), 30)
         finally:
             pool.stop()
             await asyncio.sleep(0)
-            for fake in fakes:
-                fake.close()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        for replica in replicas:
+            replica.close()
 
 
 SEQUENCES = [[index] * (1 + index % 4) for index in range(40)]  # 100 tokens: ten chunks of at most 10
@@ -77,7 +92,7 @@ EXPECTED = np.array([[sum(ids), len(ids)] for ids in SEQUENCES], dtype=np.float3
 
 
 def test_chunks_from_several_replicas_come_back_in_input_order(tmp_path):
-    async def body(pool, fakes):
+    async def body(pool, engines):
         rows = await pool.run(SEQUENCES)
         return rows, pool.chunks_sent
 
@@ -86,11 +101,19 @@ def test_chunks_from_several_replicas_come_back_in_input_order(tmp_path):
     assert sum(sent) >= 10 and min(sent) >= 1, sent
 
 
+def test_token_types_travel_with_their_sequences(tmp_path):
+    async def body(pool, engines):
+        await pool.run([[1, 2], [3, 4, 5]], [[0, 1], None])
+        return engines[0].received
+
+    assert run_with(tmp_path, [{}], body) == [([[1, 2], [3, 4, 5]], None)]
+
+
 def test_a_chunk_refused_by_a_full_replica_goes_to_one_with_room(tmp_path):
-    async def body(pool, fakes):
+    async def body(pool, engines):
         rows = await pool.run(SEQUENCES[:3])  # one chunk: it may reach the full replica first
         rows_again = await pool.run(SEQUENCES[:3])
-        return rows, rows_again, [len(fake.messages) for fake in fakes]
+        return rows, rows_again, [len(engine.received) for engine in engines]
 
     rows, rows_again, received = run_with(tmp_path, [{"full": True}, {}], body)
     np.testing.assert_array_equal(rows, EXPECTED[:3])
@@ -98,27 +121,83 @@ def test_a_chunk_refused_by_a_full_replica_goes_to_one_with_room(tmp_path):
     assert received[1] >= 2
 
 
-def test_all_replicas_full_is_overloaded_with_retry_after(tmp_path):
-    async def body(pool, fakes):
+def test_all_replicas_full_is_overloaded_with_the_replicas_retry_after(tmp_path):
+    async def body(pool, engines):
         with pytest.raises(ReplicaOverloaded) as error:
             await pool.run(SEQUENCES[:3])
         return error.value.retry_after_s
 
-    assert run_with(tmp_path, [{"full": True}, {"full": True}], body) == 3
+    assert run_with(tmp_path, [{"full": True}, {"full": True}], body) == 3  # ceil(9.0 - 6.5)
+
+
+def test_a_split_request_refused_by_one_replica_is_refused_whole(tmp_path):
+    """One replica holds its chunks (admitted), the other refuses: the caller gets the refusal, and the
+    admitted chunks are cancelled on their replica rather than left to run."""
+
+    async def body(pool, engines):
+        with pytest.raises(ReplicaOverloaded):
+            await pool.run(SEQUENCES)
+        await asyncio.sleep(0.3)
+        held = engines[0].held
+        return len(held), all(request.is_cancelled() for request in held), pool.outstanding
+
+    # the refusing replica reports an empty queue (too slow for the deadline): the holding one, with
+    # chunks outstanding, is the busier, so no refused chunk goes there
+    behaviours = [{"hold": True}, {"full": True, "queued": 0}]
+    num_held, all_cancelled, outstanding = run_with(tmp_path, behaviours, body)
+    assert num_held >= 1 and all_cancelled
+    assert outstanding == [0, 0]
 
 
 def test_a_cancelled_request_cancels_its_chunks_on_the_replicas(tmp_path):
-    async def body(pool, fakes):
+    async def body(pool, engines):
         task = asyncio.create_task(pool.run(SEQUENCES))
         await asyncio.sleep(0.3)  # the Runs have reached the replicas, which hold them
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.3)
-        runs = {m.id for fake in fakes for m in fake.messages if isinstance(m, Run)}
-        cancels = {m.id for fake in fakes for m in fake.messages if isinstance(m, Cancel)}
-        return runs, cancels, pool.outstanding
+        held = [request for engine in engines for request in engine.held]
+        return len(held), all(request.is_cancelled() for request in held), pool.outstanding
 
-    runs, cancels, outstanding = run_with(tmp_path, [{"hold": True}, {"hold": True}], body)
-    assert runs and cancels == runs
+    num_held, all_cancelled, outstanding = run_with(tmp_path, [{"hold": True}, {"hold": True}], body)
+    assert num_held == 10 and all_cancelled
     assert outstanding == [0, 0]
+
+
+def test_payloads_larger_than_the_rings_arrive_through_spill_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_link, "REQUEST_RING_BYTES", 4096)
+    monkeypatch.setattr(replica_link, "REPLY_RING_BYTES", 4096)
+    sequences = [[index % 97 + 1] * 50 for index in range(400)]  # 20,000 tokens, 80 kB of ids
+
+    async def body(pool, engines):
+        first = await pool.run(sequences)
+        second = await pool.run(sequences[:3])  # the rings again, once the spills are read
+        return first, second
+
+    first, second = run_with(tmp_path, [{}], body, chunk_tokens=100_000)
+    expected = np.array([[sum(ids), len(ids)] for ids in sequences], dtype=np.float32)
+    np.testing.assert_array_equal(first, expected)
+    np.testing.assert_array_equal(second, expected[:3])
+    assert not list(tmp_path.glob("spill-*"))  # each spill file is gone once read
+
+
+def test_the_time_left_to_the_deadline_travels_with_each_chunk(tmp_path):
+    async def body(pool, engines):
+        deadline = time.perf_counter() + 5.0
+        await pool.enqueue(SEQUENCES[:3], None, deadline)
+        return deadline, engines[0].received[0][1]
+
+    deadline, received = run_with(tmp_path, [{}], body)
+    assert received is not None and abs(received - deadline) < 0.5  # one clock here; less in flight
+
+
+def test_the_pool_estimates_from_the_rates_its_replicas_report(tmp_path):
+    async def body(pool, engines):
+        before = pool.estimate_seconds(1000)
+        await pool.run(SEQUENCES)  # every replica answers, with its rate
+        return before, pool.estimate_seconds(1000)
+
+    before, after = run_with(tmp_path, [{"seconds_per_token": 1e-3}, {"seconds_per_token": 1e-3}], body)
+    assert before is None  # no estimate before the replicas have said
+    assert after == pytest.approx(0.5)  # two replicas at 1,000 tokens/s each

@@ -125,7 +125,7 @@ def test_bad_requests_fail_in_the_gateway_before_any_replica(replicas):
     ],
 )
 def test_replica_failures_keep_their_kinds(kind, error):
-    raised = _exception(Failure(7, kind, "why", queued_tokens=0, retry_after_s=2.4))
+    raised = _exception(Failure(7, kind, "why", queued_tokens=0, requests_read=0, retry_after_s=2.4))
     assert isinstance(raised, error) and str(raised) == "why"
     if kind == "overloaded":
         assert raised.retry_after_s == 2  # whole seconds, for Retry-After

@@ -1,0 +1,184 @@
+"""ReplicaLink: a gateway's connection to one engine replica on its event loop: a non-blocking Unix
+stream socket that the loop reads as frames arrive (no thread, no task), the request ring this gateway
+writes token ids into and the reply ring the replica writes rows into (engine/shm_ring.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.replica_protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
+from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
+
+REQUEST_RING_BYTES = 16 << 20  # about 4M tokens in flight; more go through spill files
+REPLY_RING_BYTES = 64 << 20  # rows on their way to the gateway, which copies them out on arrival
+RECEIVE_BYTES = 1 << 16
+
+OnMessage = Callable[[int, object, "np.ndarray | None"], None]
+
+
+class ReplicaLink:
+    def __init__(
+        self,
+        index: int,
+        endpoint: str,
+        loop: asyncio.AbstractEventLoop,
+        on_message: OnMessage,
+        on_closed: Callable[[int, ReplicaLink], None],
+    ):
+        self.index, self.loop = index, loop
+        self._on_message, self._on_closed = on_message, on_closed
+        self.folder = Path(endpoint).parent
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(endpoint)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        name = f"ring-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.requests = RingWriter(Mapping(self.folder / f"{name}-requests", REQUEST_RING_BYTES, create=True))
+        self.replies = Mapping(self.folder / f"{name}-replies", REPLY_RING_BYTES, create=True)
+        self.replies_read = 0  # how far this gateway has copied rows out of the reply ring
+        self._replies_told = 0  # ... and what the replica has heard of it
+        self._encode = encoder()
+        self._reader = FrameReader(gateway_decoder())
+        self._unsent = bytearray()
+        self.closed = False
+        loop.add_reader(self.sock.fileno(), self._readable)
+        self.send(
+            Hello(
+                self.requests.mapping.path.name, REQUEST_RING_BYTES, self.replies.path.name, REPLY_RING_BYTES
+            )
+        )
+
+    def send_run(
+        self,
+        run_id: int,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None,
+        num_tokens: int,
+        time_left_s: float | None,
+    ) -> None:
+        """Write the chunk's lengths, ids (and types) into the request ring and send its Run."""
+        num_seqs = len(token_ids)
+        lengths = np.fromiter(map(len, token_ids), dtype="<i4", count=num_seqs)
+        ids = _flat(token_ids, num_tokens)
+        types = None
+        if token_type_ids is not None and any(types is not None for types in token_type_ids):
+            types = _flat(
+                [t if t is not None else [0] * len(i) for t, i in zip(token_type_ids, token_ids)], num_tokens
+            )
+        parts = [lengths, ids] if types is None else [lengths, ids, types]
+        words = sum(part.size for part in parts)
+        spot = self.requests.reserve(4 * words)
+        if spot is None:
+            offset, end, spill = 0, 0, write_spill(self.folder, parts)
+        else:
+            (offset, end), spill = spot, None
+            target = self.requests.mapping.array(offset, "<i4", words)
+            start = 0
+            for part in parts:
+                target[start : start + part.size] = part
+                start += part.size
+        self._replies_told = self.replies_read
+        self.send(
+            Run(
+                run_id,
+                num_seqs,
+                num_tokens,
+                types is not None,
+                offset,
+                end,
+                spill,
+                time_left_s,
+                self.replies_read,
+            )
+        )
+
+    def send(self, message) -> None:
+        if self.closed:
+            return
+        data = frame(self._encode, message)
+        if self._unsent:
+            self._unsent += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._lost()
+            return
+        if sent < len(data):
+            self._unsent += data[sent:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self.sock.send(self._unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._lost()
+            return
+        del self._unsent[:sent]
+        if not self._unsent:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(RECEIVE_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost()
+            return
+        for message in self._reader.feed(data):
+            self.requests.release(message.requests_read)
+            rows = self._rows(message) if isinstance(message, Result) else None
+            self._on_message(self.index, message, rows)
+        if self.replies_read - self._replies_told > REPLY_RING_BYTES // 4:
+            self._replies_told = self.replies_read
+            self.send(Freed(self.replies_read))
+
+    def _rows(self, result: Result) -> np.ndarray:
+        """The Result's rows, copied out of the ring (or its spill file)."""
+        count = result.num_rows * result.dim
+        if result.spill is not None:
+            rows = read_spill(self.folder, result.spill).view("<f4")
+        else:
+            rows = self.replies.array(result.offset, "<f4", count).copy()
+            self.replies_read = max(self.replies_read, result.end)
+        return rows.reshape(result.num_rows, result.dim)
+
+    def _lost(self) -> None:
+        if not self.closed:
+            self.close()
+            self._on_closed(self.index, self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+        self.sock.close()
+        self.requests.mapping.close(unlink=True)
+        self.replies.close(unlink=True)
+
+
+def _flat(sequences: Sequence[Sequence[int]], num_tokens: int) -> np.ndarray:
+    if num_tokens and isinstance(sequences[0], np.ndarray):
+        return np.concatenate(sequences).astype("<i4", copy=False)
+    return np.fromiter(itertools.chain.from_iterable(sequences), dtype="<i4", count=num_tokens)
