@@ -9,13 +9,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request
-from litestar.datastructures import Headers, MutableScopeHeaders
+from litestar.datastructures import Headers
 from litestar.di import Provide
 from litestar.types import Message, Scope
 
 from api.config import ServerConfig
 from api.errors import Unauthorized, error_response, request_id_of
-from api.guard import ARRIVED
 from api.openapi import openapi_config
 from api.routes.cohere_embed import embed_v2
 from api.routes.embeddings import create_embeddings
@@ -25,6 +24,7 @@ from api.routes.rerank import rerank_v1, rerank_v2
 from api.routes.score import score
 from api.routes.tei import embed_tei, info_tei, rerank_tei, tokenize_tei
 from api.server import Server
+from api.timing import TIMES, RequestTimes
 from engine.passing_thread import await_in_passing_thread
 
 # every other route needs the API key when one is set, /metrics and /openapi.json included
@@ -44,7 +44,7 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
             await asyncio.to_thread(server.stop)
 
     async def before_request(request: Request) -> None:
-        request.scope["state"][ARRIVED] = time.perf_counter()
+        request.scope["state"][TIMES] = RequestTimes(time.perf_counter())
         if config.api_key and request.url.path not in OPEN_PATHS:
             # headers arrive as latin-1 text: back to their bytes, against the key's UTF-8 bytes
             given = _given_key(request.headers).encode("latin-1")
@@ -54,13 +54,18 @@ def create_app(config: ServerConfig, server: Server | None = None) -> Litestar:
     async def before_send(message: Message, scope: Scope) -> None:
         if message["type"] != "http.response.start":
             return
-        headers = MutableScopeHeaders.from_message(message)
-        headers["x-request-id"] = request_id_of(scope)
-        started = scope["state"].get(ARRIVED)
+        now = time.perf_counter()
+        # none of these is a handler's own header: appended, not looked up
+        headers = [*message.get("headers", ()), (b"x-request-id", request_id_of(scope).encode("latin-1"))]
         route = scope["path"] if scope.get("route_handler") is not None else "unmatched"
-        server.metrics.observe_request(
-            route, message["status"], time.perf_counter() - started if started is not None else None
-        )
+        times: RequestTimes | None = scope["state"].get(TIMES)
+        if times is None:  # refused before the app's hooks ran (an unknown route, a body too large)
+            server.metrics.observe_request(route, message["status"], 0.0)
+        else:
+            total_s = now - times.arrived
+            headers += times.headers(total_s)
+            server.metrics.observe_request(route, message["status"], total_s, times.stages())
+        message["headers"] = headers
 
     return Litestar(
         route_handlers=[

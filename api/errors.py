@@ -4,14 +4,14 @@ error body in the shape of the API that was called (OpenAI, Cohere or TEI)."""
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from enum import Enum
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import Scope
 
-from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
+from engine.errors import EngineError, EngineStopped, NeverInTime, Overloaded, SequenceTooLong
 from scoring.errors import ScoringError
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,19 @@ class RequestTooLarge(InvalidInput):
         )
 
 
+class RequestTooLong(InvalidInput):
+    """Work that would outlast --request-timeout even on an idle server (TEI: 413, too large)."""
+
+    tei_status_code = 413
+
+
 class RequestTimeout(ApiError):
     status_code = 504
     error_type = "timeout"
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, waited_s: float):
         super().__init__(
-            f"the request was still waiting on the model after {timeout_s:g} s (--request-timeout); "
+            f"the request was still waiting on the model after {waited_s:.1f} s (--request-timeout); "
             "its queued work was dropped"
         )
 
@@ -127,7 +133,7 @@ def request_id_of(scope: Scope) -> str:
     state = scope.setdefault("state", {})
     if REQUEST_ID not in state:
         incoming = dict(scope.get("headers", [])).get(b"x-request-id", b"")
-        state[REQUEST_ID] = incoming.decode("latin-1")[:MAX_REQUEST_ID_CHARS] or uuid.uuid4().hex
+        state[REQUEST_ID] = incoming.decode("latin-1")[:MAX_REQUEST_ID_CHARS] or os.urandom(16).hex()
     return state[REQUEST_ID]
 
 
@@ -138,6 +144,8 @@ def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, d
         return exc.status_code, exc, {}
     if isinstance(exc, (ScoringError, SequenceTooLong)):
         return 400, ApiError(str(exc)), {}
+    if isinstance(exc, NeverInTime):
+        return 400, RequestTooLong(str(exc), "input"), {}
     if isinstance(exc, Overloaded):
         return (
             429,

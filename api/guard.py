@@ -1,11 +1,12 @@
 """RequestGuard: what one HTTP request may ask of the model: a token budget, a deadline, and no work
-left in the queue once its client has gone."""
+left in the queue once its client has gone; it notes where the request's time went."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 from litestar import Request
@@ -13,25 +14,55 @@ from litestar.types import Receive
 
 from api.config import ServerConfig
 from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
-from scoring.rerank import SequenceRunner
+from api.timing import times_of
+from engine.errors import NeverInTime
+from engine.request import EngineOutput
 
-# the scope's state key under which the app notes when a request arrived (time.perf_counter)
-ARRIVED = "posy_started"
+T = TypeVar("T")
+# work that comes back sooner needs no watch for the client's disconnect: it is done before a watch
+# could drop it, and a task per request costs the busy event loop more than the model's answer
+WATCH_AFTER_S = 0.005
+# work the engine admitted on its estimate finishes: a 504 only at this many timeouts from arrival (an
+# engine that stalled); work admitted before the engine had measured gets its 504 at the timeout
+BACKSTOP_TIMEOUTS = 2
+
+
+class Enqueuing(Protocol):
+    """What the guard needs of an engine: Engine in process, ReplicaPool across processes."""
+
+    def enqueue(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+    ) -> asyncio.Future[EngineOutput]: ...
+
+    def estimate_seconds(self, num_tokens: int) -> float | None: ...
 
 
 class RequestGuard:
     """Stands in for the engine (a SequenceRunner) during one request. `run` refuses more than
-    max_request_tokens before anything is queued, then waits on the engine until its rows come, the
-    request's deadline passes (504) or the client disconnects (499), whichever is first. The last two
-    cancel the engine's future, and the scheduler drops the request's sequences not yet batched."""
+    max_request_tokens, and work that would outlast --request-timeout even on an idle engine, before
+    anything is queued; the engine refuses (429) what its queue could not finish in the time left. Then
+    it waits until the rows come, the client disconnects (499) or the backstop passes (504: the timeout
+    where the engine had no estimate to admit by, BACKSTOP_TIMEOUTS of it where it had), whichever is
+    first; the last two cancel the engine's future, and the scheduler drops what is not yet batched."""
 
-    def __init__(self, engine: SequenceRunner, request: Request, config: ServerConfig):
+    def __init__(self, engine: Enqueuing, request: Request, config: ServerConfig):
         self.engine = engine
         self.receive = request.receive
         self.max_request_tokens = config.max_request_tokens
         self.timeout_s = config.request_timeout
-        arrived = request.scope.get("state", {}).get(ARRIVED, time.perf_counter())
-        self.deadline = arrived + self.timeout_s if self.timeout_s > 0 else None
+        self.times = times_of(request.scope)
+        self.deadline = self.times.arrived + self.timeout_s if self.timeout_s > 0 else None
+
+    async def tokenized(self, tokenizing: Awaitable[T]) -> T:
+        """`await tokenizing`, its time counted as the request's tokenization."""
+        started = time.perf_counter()
+        try:
+            return await tokenizing
+        finally:
+            self.times.add_tokenization(time.perf_counter() - started)
 
     async def run(
         self, token_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int] | None] | None = None
@@ -39,29 +70,77 @@ class RequestGuard:
         num_tokens = sum(map(len, token_ids))
         if num_tokens > self.max_request_tokens:
             raise RequestTooLarge(num_tokens, self.max_request_tokens)
-        work = asyncio.ensure_future(self.engine.run(token_ids, token_type_ids))
-        gone = asyncio.ensure_future(_disconnected(self.receive))
+        backstop = self.deadline
+        if self.deadline is not None:
+            estimate = self.engine.estimate_seconds(num_tokens)
+            if estimate is not None:
+                if estimate > self.timeout_s:
+                    raise NeverInTime(estimate, self.timeout_s)
+                backstop = self.times.arrived + BACKSTOP_TIMEOUTS * self.timeout_s
+        work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
+        watch = _Watch(work, self.receive, backstop)
         try:
-            done, _ = await asyncio.wait(
-                (work, gone), timeout=self._seconds_left(), return_when=asyncio.FIRST_COMPLETED
-            )
+            output = await work
+        except asyncio.CancelledError:
+            if watch.outcome is None:  # the request's own task was cancelled
+                raise
+            watch.raise_outcome(time.perf_counter() - self.times.arrived)
         finally:
-            gone.cancel()
-            work.cancel()  # a no-op once done; before, it cancels the future the scheduler checks
-        if work in done:
-            return work.result()
-        if gone in done:
-            gone.result()  # a failing receive() is a fault, not a disconnect
+            watch.stop()
+        self.times.add_engine(output.queue_s, output.inference_s)
+        return output.rows
+
+
+class _Watch:
+    """One timer while the work is young; past WATCH_AFTER_S a task that waits for the client's
+    disconnect, and a timer for the deadline. Either cancels the work and says why."""
+
+    def __init__(self, work: asyncio.Future, receive: Receive, deadline: float | None):
+        self.work, self.receive, self.deadline = work, receive, deadline
+        self.outcome: str | BaseException | None = None
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(WATCH_AFTER_S, self._arm)
+
+    def _arm(self) -> None:
+        if self.work.done():
+            return
+        self._task = self._loop.create_task(self._disconnected())
+        if self.deadline is not None:
+            self._timer = self._loop.call_later(max(0.0, self.deadline - time.perf_counter()), self._expire)
+
+    def _expire(self) -> None:
+        self._end("timeout")
+
+    async def _disconnected(self) -> None:
+        """The route has read the body, so the next ASGI message is the disconnect (uvicorn and the test
+        clients send it; the latter only once the response is complete)."""
+        try:
+            while (await self.receive())["type"] != "http.disconnect":
+                pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a failing receive() is a fault, not a disconnect
+            self._end(error)
+            return
+        self._end("disconnect")
+
+    def _end(self, outcome: str | BaseException) -> None:
+        if self.outcome is None and not self.work.done():
+            self.outcome = outcome
+            self.work.cancel()
+
+    def raise_outcome(self, waited_s: float) -> None:
+        if self.outcome == "timeout":
+            raise RequestTimeout(waited_s)
+        if self.outcome == "disconnect":
             raise ClientDisconnected()
-        raise RequestTimeout(self.timeout_s)
+        raise self.outcome  # type: ignore[misc]
 
-    def _seconds_left(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the server reports that the client went away. The route has read the body, so
-    the next ASGI message is the disconnect (uvicorn and the test clients send it; the latter only
-    once the response is complete)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        if not self.work.done():
+            self.work.cancel()

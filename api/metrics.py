@@ -17,6 +17,26 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own switch
 
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 SEQUENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 
 
 class Metrics:
@@ -34,6 +54,15 @@ class Metrics:
         self.latency = Histogram(
             "posy_request_duration_seconds", "HTTP request latency", ["route"], registry=counted
         )
+        self.stages = Histogram(
+            "posy_request_stage_seconds",
+            "where requests' time went: tokenization, queue (waiting for a batch), inference (batch to rows)",
+            ["route", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=counted,
+        )
+        # labelled children by label values: prometheus_client's labels() takes a lock and builds a key
+        self._children: dict[tuple, object] = {}
         self.prompt_tokens = Counter(
             "posy_prompt_tokens", "tokens sent to the models", ["model"], registry=counted
         )
@@ -47,10 +76,23 @@ class Metrics:
             registry=self.registry,
         )
 
-    def observe_request(self, route: str, status: int, seconds: float | None) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
-        if seconds is not None:
-            self.latency.labels(route=route).observe(seconds)
+    def observe_request(
+        self, route: str, status: int, seconds: float, stages: tuple[tuple[str, float], ...] = ()
+    ) -> None:
+        self._child(self.requests, route, str(status)).inc()
+        self._child(self.latency, route).observe(seconds)
+        for stage, stage_seconds in stages:
+            self._child(self.stages, route, stage).observe(stage_seconds)
+
+    def count_prompt_tokens(self, model: str, num_tokens: int) -> None:
+        self._child(self.prompt_tokens, model).inc(num_tokens)
+
+    def _child(self, metric, *values: str):
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def batch_observer(self, model: str) -> Callable[[int, int], None]:
         return _observer(self.batch_tokens, self.batch_sequences, model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -11,7 +12,9 @@ from tokenizers import Tokenizer
 from api.errors import InputTooLong, InvalidInput
 from scoring.templates import JUDGE_PROMPTS, PairTemplate, SingleTemplate
 
-# tokenizing more than this many characters at once moves off the event loop
+# tokenizing more than this many characters at once moves off the event loop, to the encoder's one
+# thread: the tokenizer spreads a large batch over every core itself, and several such batches at once
+# only crowd out the engine (on 2 cores a burst of them halved its speed)
 INLINE_TOKENIZE_CHARS = 20_000
 
 
@@ -22,6 +25,7 @@ class TextEncoder:
         self.tokenizer.no_padding()
         self.window = window
         self.vocab_size = vocab_size
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="posy-tokenize")
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
         if pair_format in JUDGE_PROMPTS:
             self.pair = JUDGE_PROMPTS[pair_format].pair_template(self.tokenizer)
@@ -40,14 +44,20 @@ class TextEncoder:
     ) -> list[list[int]]:
         """encode(), in a worker thread when the texts are long enough to hold up the event loop."""
         if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            return await asyncio.to_thread(self.encode, texts, max_tokens, truncate, keep_end)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._thread, self.encode, texts, max_tokens, truncate, keep_end
+            )
         return self.encode(texts, max_tokens, truncate, keep_end)
 
     async def content_ids_off_loop(self, texts: Sequence[str]) -> list[list[int]]:
         """content_ids(), likewise."""
         if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            return await asyncio.to_thread(self.content_ids, texts)
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self.content_ids, texts)
         return self.content_ids(texts)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     def encode(
         self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False

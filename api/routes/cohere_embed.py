@@ -49,11 +49,11 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedRe
     prompt = select_prompt(spec.prompts, data.input_type, None, spec.default_prompt_name)
     texts = [prompt + text for text in data.texts] if prompt else data.texts
     truncate, keep_end = data.truncate != "NONE", data.truncate == "START"
-    sequences = await encoder.encode_off_loop(texts, max_tokens, truncate, keep_end)
-    num_tokens = sum(map(len, sequences))
     guard = RequestGuard(model.engine, request, server.config)
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end))
+    num_tokens = sum(map(len, sequences))
     vectors = truncate_dimensions(await guard.run(sequences), data.output_dimension)
-    server.metrics.prompt_tokens.labels(model=model.name).inc(num_tokens)
+    server.metrics.count_prompt_tokens(model.name, num_tokens)
     types = dict.fromkeys(data.embedding_types or ["float"])  # in order, once each
     embeddings = EmbeddingsByType(**{_field(kind): by_type(vectors, kind) for kind in types})
     billed = EmbedBilledUnits(input_tokens=num_tokens)

@@ -35,19 +35,19 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     max_tokens, truncate = _truncation(
         data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate
     )
+    guard = RequestGuard(model.engine, request, server.config)
     if inputs.texts is not None:
         spec = model.spec
         prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
         texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
-        sequences = await encoder.encode_off_loop(texts, max_tokens, truncate)
+        sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate))
     else:
         if not server.config.accept_token_ids:
             raise InvalidInput(TOKEN_IDS_REFUSED.format(model=model.name), "input")
         sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
     num_tokens = sum(map(len, sequences))
-    guard = RequestGuard(model.engine, request, server.config)
     vectors = truncate_dimensions(await guard.run(sequences), data.dimensions)
-    server.metrics.prompt_tokens.labels(model=model.name).inc(num_tokens)
+    server.metrics.count_prompt_tokens(model.name, num_tokens)
     encoded = encode_vectors(vectors, data.encoding_format)
     return EmbeddingResponse(
         data=[Embedding(index=index, embedding=vector) for index, vector in enumerate(encoded)],

@@ -43,10 +43,10 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> list[l
     texts = [prompt + text for text in texts] if prompt else texts
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
-    sequences = await encoder.encode_off_loop(texts, None, truncate, keep_end)
     guard = RequestGuard(model.engine, request, server.config)
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
     vectors = await guard.run(sequences)
-    server.metrics.prompt_tokens.labels(model=model.name).inc(sum(map(len, sequences)))
+    server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     return truncate_dimensions(vectors, data.dimensions).tolist()

@@ -42,7 +42,10 @@ def words(num_words: int) -> str:
 class UnreachableEngine:
     """A request over the token limit must be refused before anything reaches the engine."""
 
-    async def run(self, token_ids, token_type_ids=None):
+    def estimate_seconds(self, num_tokens):
+        raise AssertionError("a request over --max-request-tokens reached the engine")
+
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise AssertionError("a request over --max-request-tokens reached the engine")
 
 

@@ -18,7 +18,10 @@ class FaultyEngine:
     def __init__(self, error: Exception):
         self.error = error
 
-    async def run(self, token_ids, token_type_ids=None):
+    def estimate_seconds(self, num_tokens):
+        return None
+
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise self.error
 
 

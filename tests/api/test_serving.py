@@ -85,7 +85,10 @@ def test_api_key_is_required_except_for_health():
 
 
 class FullEngine:
-    async def run(self, token_ids, token_type_ids=None):
+    def estimate_seconds(self, num_tokens):
+        return None
+
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise Overloaded(queued_tokens=10, max_queue_tokens=10, retry_after_s=2)
 
 

@@ -1,0 +1,130 @@
+"""Admission by time through the HTTP API, with a stand-in model of known speed (0.1 ms a token): a burst
+far beyond what the queue can finish within --request-timeout gets only 200s and 429s (each with a
+Retry-After), every admitted request finishes inside its timeout, and a request that would outlast the
+timeout even on an idle server is a clear 4xx naming its estimate and the flag."""
+
+import asyncio
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from litestar.testing import TestClient
+
+from api.app import create_app
+from api.config import ServerConfig
+from api.server import Server
+from engine.config import EngineConfig
+from engine.engine import Engine
+
+SECONDS_PER_TOKEN = 1e-4
+TIMEOUT_S = 1.0
+
+
+class Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def result(self):
+        return self.rows
+
+
+class TimedRunner:
+    device = torch.device("cpu")
+    graphs = None
+
+    def step(self, batch):
+        time.sleep(batch.num_tokens * SECONDS_PER_TOKEN)
+        rows = np.ones((batch.num_seqs, 384), dtype=np.float32)
+        return Rows(rows / np.linalg.norm(rows, axis=1, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = Server(ServerConfig(request_timeout=TIMEOUT_S))
+    with TestClient(create_app(server.config, server)) as client:
+        model = server.registry().models[0]
+        real_engine = model.engine
+        engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1024, max_queue_tokens=10**6))
+        engine.start()
+        model.engine = engine
+        try:
+            yield client, engine, server
+        finally:
+            model.engine = real_engine
+            engine.stop()
+
+
+def body(num_texts: int) -> bytes:
+    # "word" x 98 is 100 tokens with [CLS] and [SEP]
+    return json.dumps({"input": [" ".join(["word"] * 98)] * num_texts}).encode()
+
+
+async def post(app, route: str, payload: bytes) -> tuple[int, dict[bytes, bytes], float]:
+    """One POST through the ASGI interface: (status, headers, seconds)."""
+    messages = [{"type": "http.request", "body": payload, "more_body": False}]
+    done = asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": route, "raw_path": route.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        "client": ("127.0.0.1", 40000), "server": ("posy", 80), "state": {},
+    }  # fmt: skip
+    started = time.perf_counter()
+    await app(scope, receive, send)
+    seconds = time.perf_counter() - started
+    done.set()
+    start = next(message for message in sent if message["type"] == "http.response.start")
+    return start["status"], dict(start["headers"]), seconds
+
+
+def test_a_burst_beyond_the_timeout_gets_only_200s_and_429s(served):
+    client, engine, _ = served
+    assert client.post("/v1/embeddings", content=body(10)).status_code == 200  # the engine measures
+    assert engine.rate.seconds_per_token is not None
+
+    async def burst():
+        # 40 requests of 1,000 tokens at once: about 4 s of work against a 1 s timeout
+        return await asyncio.gather(*(post(client.app, "/v1/embeddings", body(10)) for _ in range(40)))
+
+    answers = client.blocking_portal.call(burst)
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 429}, statuses
+    assert 3 <= statuses.count(200) <= 12  # about 0.9 s of work, at the measured rate
+    assert all(int(headers[b"retry-after"]) >= 1 for status, headers, _ in answers if status == 429)
+    assert max(seconds for status, _, seconds in answers if status == 200) < TIMEOUT_S
+
+
+def test_a_request_that_cannot_finish_even_on_an_idle_server_is_refused_up_front(served):
+    client, engine, _ = served
+    client.post("/v1/embeddings", content=body(10))
+    # 20 x 100 tokens: about 0.2 s; 200 x 100: about 2 s, over the 1 s timeout
+    assert client.post("/v1/embeddings", content=body(20)).status_code == 200
+    response = client.post("/v1/embeddings", content=body(200))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "input"
+    assert "--request-timeout" in error["message"] and "idle server" in error["message"]
+    tei = client.post("/embed", json={"inputs": [" ".join(["word"] * 98)] * 200})
+    assert tei.status_code == 413 and tei.json()["error_type"] == "Validation"
+
+
+def test_a_timeout_of_zero_lets_any_request_run(served, monkeypatch):
+    client, engine, server = served
+    monkeypatch.setattr(server, "config", dataclasses.replace(server.config, request_timeout=0))
+    response = client.post("/v1/embeddings", content=body(200))  # about 2 s of work
+    assert response.status_code == 200 and len(response.json()["data"]) == 200
