@@ -4,6 +4,7 @@ in api/bulk/cli.py."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -57,9 +58,16 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, a
     serve.add_argument(
         "--api-workers",
         type=_at_least(1, int),
-        default=1,
         help="gateway processes serving the port, so that JSON and tokenization use several cores; above 1 "
-        "the engines run as replica processes shared by all of them",
+        "the engines run as replica processes shared by all of them (default: from the host's usable cores "
+        "on a GPU host, 1 on the CPU)",
+    )
+    serve.add_argument(
+        "--engine-process",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="on: the engine runs in a process of its own even beside one gateway; off: inside the gateway "
+        "(one gateway, one replica); auto: from the host",
     )
     serve.add_argument(
         "--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400"
@@ -192,7 +200,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
         replicas=args.replicas,
-        api_workers=args.api_workers,
+        api_workers=args.api_workers or 1,
         bidirectional=args.bidirectional,
         max_model_len=args.max_model_len,
         max_batch_tokens=args.max_batch_tokens,
@@ -227,15 +235,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         from api.ray_serve import serve_on_ray
 
         return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
+    from api.layout import choose_layout, usable_cores
     from engine.device import resolve_device
     from engine.replicas import replica_count
 
     try:
-        num_replicas = replica_count(config.replicas, resolve_device(config.device))
-        several_processes = config.api_workers > 1 or num_replicas > 1
+        device = resolve_device(config.device)
+        num_replicas = replica_count(config.replicas, device)
     except ValueError as error:
         print(f"posy: cannot serve: {error}", file=sys.stderr)
         return 2
+    engine_process = {"auto": None, "on": True, "off": False}[args.engine_process]
+    if engine_process is False and (num_replicas > 1 or (args.api_workers or 1) > 1):
+        print("posy: cannot serve: --engine-process off needs one replica and one gateway", file=sys.stderr)
+        return 2
+    layout = choose_layout(device, usable_cores(), num_replicas, args.api_workers, engine_process)
+    config = dataclasses.replace(config, api_workers=layout.api_workers, engine_process=layout.engine_process)
+    where = "in its own process" if layout.engine_process else "in process"
+    plural = "es" if layout.api_workers > 1 else ""
+    logging.getLogger("api.layout").info(
+        "layout: %d gateway process%s, engine %s (%s)", layout.api_workers, plural, where, layout.reason
+    )
+    several_processes = config.api_workers > 1 or num_replicas > 1 or config.engine_process
     shared_metrics = None
     if several_processes:
         # before prometheus_client is first imported, here and in every process spawned from here

@@ -39,8 +39,11 @@ class ServerConfig:
     # gateway splits requests over; None: one per visible GPU, one on CPU
     replicas: int | None = None
     # gateway processes sharing the port (JSON and tokenization on several cores); above 1 the engines
-    # always run as replica processes, which hold the queue limits for all gateways
+    # always run as replica processes, which hold the queue limits for all gateways. `posy serve` picks
+    # both from the host unless told (api/layout.py)
     api_workers: int = 1
+    # the engine runs in a process of its own even with one gateway and one replica
+    engine_process: bool = False
     # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
     bidirectional: bool = False
     # caps every model's window (vLLM's --max-model-len); None: the model's own

@@ -86,6 +86,8 @@ class Server:
                     "device": engine_config.device,
                     "dtype": engine_config.dtype,
                     **engine.describe(),
+                    "gateways": str(self.config.api_workers),
+                    "engine_process": str(self._remote is not None or not isinstance(engine, Engine)).lower(),
                 }
             )
             encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size, spec.pair_format)
@@ -108,6 +110,7 @@ class Server:
         if self._registry is not None:
             for model in self._registry.models:
                 model.engine.stop()
+                model.encoder.close()
         for replica_set in self._replica_sets:
             replica_set.stop()
 
@@ -137,7 +140,7 @@ class Server:
                 target=handles.follow, args=(pool, self._following), name="posy-liveness", daemon=True
             ).start()
             return pool
-        if num_replicas == 1:
+        if num_replicas == 1 and not self.config.engine_process:
             return build_engine(spec, engine_config, self.metrics.batch_observer(name))
         return self.start_replicas(index, spec, engine_config, num_replicas).pool
 

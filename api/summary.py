@@ -25,7 +25,18 @@ def startup_summary(
         lines.append(
             f"  model {spec.name}{aliases}: {spec.architecture}, {_task(spec)}, window {spec.max_seq_length}"
         )
-        replicas = f"{num_replicas} replica" + ("s" if num_replicas > 1 else "")
+        out = config.engine_process or config.api_workers > 1 or num_replicas > 1
+        replicas = (
+            f"{num_replicas} replica"
+            + ("s" if num_replicas > 1 else "")
+            + (
+                " in processes of their own"
+                if out and num_replicas > 1
+                else " in its own process"
+                if out
+                else ""
+            )
+        )
         gateways = f"{config.api_workers} gateway process" + ("es" if config.api_workers > 1 else "")
         lines.append(
             f"    {engine_config.device} {engine_config.dtype}, "

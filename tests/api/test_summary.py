@@ -17,7 +17,7 @@ def test_the_summary_says_what_is_served_how_and_within_which_limits():
     assert "http://127.0.0.1:9123 (API key required)" in text
     assert "as minilm, alias: BertModel" in text and "384 dimensions (mean pooling, normalized)" in text
     assert "window 256" in text
-    assert "cuda bfloat16, attention triton, CUDA graphs lazy, 2 replicas, 2 gateway processes" in text
+    assert "CUDA graphs lazy, 2 replicas in processes of their own, 2 gateway processes" in text
     assert "up to 16384 tokens" in text and "by 64 up to 1024, then by 256 up to 16384" in text
     assert "1048576 queued tokens per replica" in text and "2048 inputs" in text and "30 s timeout" in text
     cpu = dataclasses.replace(engine, device="cpu", dtype="float32", cuda_graphs="off")
