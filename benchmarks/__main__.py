@@ -23,6 +23,7 @@ SUITES: dict[str, str] = {
     "gateway": "benchmarks.gateway",
     "scaling": "benchmarks.scaling",
     "bulk": "benchmarks.bulk",
+    "online": "benchmarks.online",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

@@ -1,14 +1,15 @@
 """Suite 1, low-latency embeddings: one text at a time, through the engine (request to pooled vector on
 the host) at 128 and 512 tokens on the BERT-base shape and 4096 tokens on the Qwen3-0.6B shape (causal),
 against HF transformers eager on the same weights; and over HTTP end to end at 128 tokens (the client's
-wall time, tokenization and JSON included). `--smoke`: tiny shapes on the CPU, seconds."""
+wall time, tokenization and JSON included), from a raw keep-alive connection (the server's own cost) and
+from an httpx client. `--smoke`: tiny shapes on the CPU, seconds."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import save_bert, save_qwen3, words
 from benchmarks.live_server import serve, served_backend
+from benchmarks.load import run_clients
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
 from benchmarks.timing import timed
 
@@ -100,31 +102,24 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
             checkpoints[family, shape] = save(Path(tempfile.mkdtemp()), shape)
         measure(case, checkpoints[family, shape], SMOKE_TOKENS[num_tokens] if smoke else num_tokens)
 
-    # over HTTP: one client, one 128-token text a request, back to back
-    import httpx
-
+    # over HTTP: one client, one 128-token text a request, back to back; a raw keep-alive connection (the
+    # server's figure) and an httpx client ("a Python SDK client")
     folder = checkpoints["bert", "smoke" if smoke else "bert-base"].folder
     text = words((SMOKE_TOKENS[128] if smoke else 128) - 2, rng)
     flags = ("--device", device, "--dtype", dtype_name, "--attention-backend", options.backend)
-    with serve(folder, *flags) as url, httpx.Client(base_url=url, timeout=30.0, trust_env=False) as client:
-        body = {"input": text, "encoding_format": "base64"}
-
-        def request() -> None:
-            response = client.post("/v1/embeddings", json=body)
-            if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-
-        timed(request, 20, "cpu")
-        samples = [_wall(request) for _ in range(repeats)]
+    bodies = [[json.dumps({"input": text, "encoding_format": "base64"}).encode()]]
+    window_s = 1.0 if smoke else 5.0
+    with serve(folder, *flags) as url:
         http_backend = served_backend(url)
+        loads = {
+            case: run_clients(url, bodies, duration_s=window_s, warmup_s=window_s / 5, client=client)
+            for case, client in ((HTTP_CASE, "raw"), (f"{HTTP_CASE}-httpx", "httpx"))
+        }
     context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=http_backend)
-    records.append(context.record(HTTP_CASE, "latency_p50_ms", percentile_ms(samples, 50), "ms"))
-    records.append(context.record(HTTP_CASE, "latency_p99_ms", percentile_ms(samples, 99), "ms"))
-    print(f"{HTTP_CASE}: p50 {percentile_ms(samples, 50):.3f} ms, p99 {percentile_ms(samples, 99):.3f} ms")
+    for case, load in loads.items():
+        if load.errors:
+            failures.append(f"{case}: {len(load.errors)} failed requests, the first: {load.errors[0]}")
+        records.append(context.record(case, "latency_p50_ms", load.latency_ms(50), "ms"))
+        records.append(context.record(case, "latency_p99_ms", load.latency_ms(99), "ms"))
+        print(f"{case}: p50 {load.latency_ms(50):.3f} ms, p99 {load.latency_ms(99):.3f} ms")
     return SuiteOutcome(records, failures)
-
-
-def _wall(function) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start

@@ -1,5 +1,7 @@
 """The HTTP suites' client side: run_clients() drives a live server from separate client processes (one
-request in flight each, back to back, all starting on one instant); embed_over_http() for parity checks."""
+request in flight each, back to back, all starting on one instant) over raw keep-alive HTTP/1.1, which
+costs next to nothing, or through httpx ("a Python SDK client"); it keeps the server's timing headers of
+every request. embed_over_http() for parity checks."""
 
 from __future__ import annotations
 
@@ -13,10 +15,17 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from benchmarks.raw_http import RawConnection, request_bytes
+
 EMBEDDINGS_PATH = "/v1/embeddings"
 REQUEST_TIMEOUT_S = 60.0  # a request that takes longer is an error, so that nothing hangs
 READY_TIMEOUT_S = 60.0  # for the client processes to start (spawned interpreters import httpx)
 START_DELAY_S = 0.2  # after the last client is ready, so that every client starts on the same instant
+# the server's timing headers (text-embeddings-inference's), milliseconds
+STAGE_HEADERS = {
+    "total": "x-total-time", "tokenization": "x-tokenization-time", "queue": "x-queue-time",
+    "inference": "x-inference-time",
+}  # fmt: skip
 
 
 class _Usage(msgspec.Struct):
@@ -35,6 +44,7 @@ class LoadResult:
     num_tokens: int  # sum of their usage.prompt_tokens
     errors: list[str]  # one line per failed request: "HTTP 429: ..." or the transport error
     wall_s: float  # from the window's start to its last response
+    stages_ms: dict[str, list[float]]  # successful requests: the server's timing headers, by stage
 
     @property
     def num_requests(self) -> int:
@@ -51,6 +61,11 @@ class LoadResult:
     def latency_ms(self, percentile: float) -> float:
         return 1000 * float(np.percentile(self.latencies_s, percentile)) if self.latencies_s else 0.0
 
+    def stage_ms(self, stage: str, percentile: float = 50) -> float | None:
+        """A percentile of what the server said a stage took; None where it said nothing."""
+        values = self.stages_ms.get(stage)
+        return float(np.percentile(values, percentile)) if values else None
+
 
 def run_clients(
     url: str,
@@ -61,9 +76,11 @@ def run_clients(
     warmup_s: float = 0.0,
     timeout_s: float = REQUEST_TIMEOUT_S,
     path: str = EMBEDDINGS_PATH,
+    client: str = "raw",
 ) -> LoadResult:
     """One process per entry of `bodies_per_client`, each POSTing its pre-built JSON bodies (cycled) back
-    to back: for `warmup_s` untimed, then for `duration_s` or `num_requests` requests each."""
+    to back: for `warmup_s` untimed, then for `duration_s` or `num_requests` requests each. `client`:
+    "raw" (keep-alive HTTP/1.1 on a socket) or "httpx"."""
     if (duration_s is None) == (num_requests is None):
         raise ValueError("give exactly one of duration_s and num_requests")
     context = multiprocessing.get_context("spawn")  # no fork of a parent that holds CUDA
@@ -71,7 +88,7 @@ def run_clients(
     go = context.Event()
     start_at = context.Value("d", 0.0)
     results = context.Queue()
-    plan = (warmup_s, duration_s, num_requests, timeout_s)
+    plan = (warmup_s, duration_s, num_requests, timeout_s, client)
     processes = [
         context.Process(
             target=_client, args=(url + path, bodies, plan, ready, go, start_at, results), daemon=True
@@ -96,16 +113,21 @@ def run_clients(
             if process.is_alive():
                 process.kill()
     window_start = start_at.value + warmup_s
-    latencies = [end - start for start, end, _, error in samples if error is None]
-    num_tokens = sum(tokens for _, _, tokens, error in samples if error is None)
-    errors = [error for _, _, _, error in samples if error is not None]
-    wall_s = max((end for _, end, _, _ in samples), default=window_start) - window_start
-    return LoadResult(latencies, num_tokens, errors, wall_s)
+    latencies = [end - start for start, end, _, error, _ in samples if error is None]
+    num_tokens = sum(tokens for _, _, tokens, error, _ in samples if error is None)
+    errors = [error for _, _, _, error, _ in samples if error is not None]
+    wall_s = max((end for _, end, _, _, _ in samples), default=window_start) - window_start
+    stages: dict[str, list[float]] = {}
+    for *_, error, stage_ms in samples:
+        for stage, value in (stage_ms or {}).items():
+            if error is None:
+                stages.setdefault(stage, []).append(value)
+    return LoadResult(latencies, num_tokens, errors, wall_s, stages)
 
 
-def _collect(results, processes, timeout_s: float) -> list[tuple[float, float, int, str | None]]:
+def _collect(results, processes, timeout_s: float) -> list[tuple]:
     """Every client's samples; a client that dies or overruns fails the run instead of hanging it."""
-    samples: list[tuple[float, float, int, str | None]] = []
+    samples: list[tuple] = []
     deadline = time.monotonic() + timeout_s
     for _ in processes:
         while True:
@@ -121,39 +143,67 @@ def _collect(results, processes, timeout_s: float) -> list[tuple[float, float, i
 
 
 def _client(url, bodies, plan, ready, go, start_at, results) -> None:
-    """A client process: one httpx.Client, one request in flight; it sends (start, end, tokens, error)
-    for each request started in the timed window."""
-    import httpx
-
-    warmup_s, duration_s, num_requests, timeout_s = plan
+    """A client process: one connection, one request in flight; it sends (start, end, tokens, error,
+    stage milliseconds) for each request started in the timed window."""
+    warmup_s, duration_s, num_requests, timeout_s, kind = plan
     usage = msgspec.json.Decoder(_Reply)
     samples = []
-    headers = {"content-type": "application/json"}
-    with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client:
-        ready.wait(READY_TIMEOUT_S)
-        go.wait(READY_TIMEOUT_S)
-        window_start = start_at.value + warmup_s
-        deadline = window_start + duration_s if duration_s is not None else float("inf")
-        time.sleep(max(0.0, start_at.value - time.monotonic()))
-        max_samples = num_requests if num_requests is not None else float("inf")
-        index = 0
-        while (started := time.monotonic()) < deadline and len(samples) < max_samples:
-            body = bodies[index % len(bodies)]
-            index += 1
-            tokens, error = 0, None
-            try:
-                response = client.post(url, content=body)
-                ended = time.monotonic()
-                if response.status_code == 200:
-                    tokens = usage.decode(response.content).usage.prompt_tokens
-                else:
-                    error = f"HTTP {response.status_code}: {response.text[:200]}"
-            except (httpx.HTTPError, msgspec.DecodeError) as failure:
-                ended = time.monotonic()
-                error = f"{type(failure).__name__}: {failure}"
-            if started >= window_start:
-                samples.append((started, ended, tokens, error))
+    post = _raw_poster(url, bodies, timeout_s) if kind == "raw" else _httpx_poster(url, bodies, timeout_s)
+    ready.wait(READY_TIMEOUT_S)
+    go.wait(READY_TIMEOUT_S)
+    window_start = start_at.value + warmup_s
+    deadline = window_start + duration_s if duration_s is not None else float("inf")
+    time.sleep(max(0.0, start_at.value - time.monotonic()))
+    max_samples = num_requests if num_requests is not None else float("inf")
+    index = 0
+    while (started := time.monotonic()) < deadline and len(samples) < max_samples:
+        tokens, error, stages = 0, None, None
+        try:
+            status, headers, content = post(index % len(bodies))
+            ended = time.monotonic()
+            if status == 200:
+                tokens = usage.decode(content).usage.prompt_tokens
+                stages = {
+                    stage: float(headers[name]) for stage, name in STAGE_HEADERS.items() if name in headers
+                }
+            else:
+                error = f"HTTP {status}: {content[:200].decode(errors='replace')}"
+        except (OSError, ValueError, msgspec.DecodeError) as failure:  # httpx's errors are OSErrors here
+            ended = time.monotonic()
+            error = f"{type(failure).__name__}: {failure}"
+        index += 1
+        if started >= window_start:
+            samples.append((started, ended, tokens, error, stages))
     results.put(samples)
+
+
+def _raw_poster(url: str, bodies: list[bytes], timeout_s: float):
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = RawConnection(url, timeout_s)
+    requests = [request_bytes("POST", address.path, body) for body in bodies]
+
+    def post(index: int) -> tuple[int, dict[str, str], bytes]:
+        response = connection.send(requests[index])
+        return response.status, response.headers, response.body
+
+    return post
+
+
+def _httpx_poster(url: str, bodies: list[bytes], timeout_s: float):
+    import httpx
+
+    client = httpx.Client(timeout=timeout_s, trust_env=False, headers={"content-type": "application/json"})
+
+    def post(index: int) -> tuple[int, dict[str, str], bytes]:
+        try:
+            response = client.post(url, content=bodies[index])
+        except httpx.HTTPError as error:
+            raise OSError(str(error)) from error
+        return response.status_code, dict(response.headers), response.content
+
+    return post
 
 
 def embed_over_http(url: str, texts: list[str], model: str, one_per_request: bool = False):

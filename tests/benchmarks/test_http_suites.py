@@ -47,3 +47,26 @@ def test_concurrency_smoke_run_records_every_level_and_the_target_ratios():
     assert records["clients-1", "min_cosine_vs_fp32_reference"].value >= 0.9999
     assert records["clients-2-vs-1", "throughput_ratio"].value > 0
     assert all(record.gpu is None and record.suite == "concurrency" for record in outcome.records)
+
+
+def test_online_smoke_run_records_every_case_beside_the_engine_and_its_stage_timings():
+    from benchmarks import online
+
+    outcome = online.run(smoke("online"))
+    assert outcome.failures == []
+    records = by_case_and_metric(outcome)
+    engine_b1 = records["engine-b1", "latency_p50_ms"].value
+    for case in ("b1-raw", "b1-httpx", "b1-raw-replica", "b1-raw-in-process"):
+        p50 = records[case, "latency_p50_ms"]
+        assert p50.baseline == engine_b1 and p50.value > engine_b1  # HTTP costs something over the engine
+        assert records[case, "errors"].value == 0
+        for stage in ("total", "tokenization", "queue", "inference"):
+            assert records[case, f"server_{stage}_p50_ms"].value >= 0
+        assert records[case, "server_total_p50_ms"].value < p50.value  # the server's share of the client's
+    many = records["clients-2-8x12", "tokens_per_s"]
+    assert many.baseline == records["engine-8x12", "tokens_per_s"].value and many.ratio > 0
+    assert records["clients-2-raw", "requests_per_s"].value > 0
+    assert ("replica-hop", "latency_p50_ms") in records
+    assert records["overload-2x", "other_answers"].value == 0
+    assert records["overload-2x", "answered_429_without_retry_after"].value == 0
+    assert records["overload-2x", "answered_200"].value > 0

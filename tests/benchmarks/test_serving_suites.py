@@ -19,7 +19,14 @@ def test_latency_suite_times_every_case_against_the_baseline():
     outcome = smoke(latency, "latency")
     assert outcome.failures == []
     p50 = {record.case: record for record in outcome.records if record.metric == "latency_p50_ms"}
-    assert set(p50) == {"bert-base-128", "bert-base-512", "qwen3-0.6b-4096", "http-bert-base-128"}
+    cases = {
+        "bert-base-128",
+        "bert-base-512",
+        "qwen3-0.6b-4096",
+        "http-bert-base-128",
+        "http-bert-base-128-httpx",
+    }
+    assert set(p50) == cases
     for case, record in p50.items():
         assert record.value > 0 and (case.startswith("http") or record.baseline > 0)
     cosines = [record.value for record in outcome.records if record.metric == "min_cosine_vs_fp32_reference"]
