@@ -1,19 +1,23 @@
-"""Strict decoding of a request body into its wire Struct: "64" is not an int, 2.0 is not a token id."""
+"""Reading and strict decoding of a request body into its wire Struct: "64" is not an int, 2.0 is not a
+token id. The body is read from the ASGI channel directly, within the app's body limit (413)."""
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import msgspec
 from litestar import Request
+from litestar.exceptions import ClientException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
-from api.errors import InvalidInput
+from api.errors import ClientDisconnected, InvalidInput
 
 T = TypeVar("T")
 
 
 async def decode_body(request: Request, wire_type: type[T]) -> T:
-    body = await request.body()
+    body = await read_body(request)
     try:
         return msgspec.json.decode(body, type=wire_type)
     except msgspec.ValidationError as error:
@@ -25,3 +29,40 @@ async def decode_body(request: Request, wire_type: type[T]) -> T:
     except RecursionError:
         # msgspec's decoder recurses once per nesting level, even through fields it skips
         raise InvalidInput("the body's JSON nests too deeply") from None
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole body; more than the body limit, announced or sent, is a 413 before the rest is read.
+    Litestar's own reader does the same through a generator and its header parsing, at about 15 us a
+    request that the event loop of a busy gateway does not have."""
+    limit = request.route_handler.resolve_request_max_body_size() or math.inf
+    for name, value in request.scope["headers"]:
+        if name == b"content-length":
+            try:
+                announced = int(value)
+            except ValueError:
+                raise ClientException(f"Invalid content-length: {value.decode('latin-1')!r}") from None
+            if announced > limit:
+                raise RequestEntityTooLarge
+            break
+    receive = request.receive
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnected()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):  # the usual case: one message
+        if len(body) > limit:
+            raise RequestEntityTooLarge
+        return body
+    chunks, size = [body], len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestEntityTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

@@ -54,6 +54,8 @@ def run_server(
         port=port,
         log_level=log_level,
         access_log=False,
+        # nothing reads the client's address: no X-Forwarded-For rewriting on every request
+        proxy_headers=False,
         timeout_graceful_shutdown=max(1, round(shutdown_timeout_s)),
     )
     DrainingServer(config, server, grace_s).run(sockets=sockets)

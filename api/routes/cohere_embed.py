@@ -16,6 +16,7 @@ from api.inputs import check_texts
 from api.models import EMBED
 from api.prompts import select_prompt
 from api.quantize import by_type
+from api.responses import EncodedJson, documented
 from api.schemas.cohere import (
     ApiVersion,
     EmbedBilledUnits,
@@ -27,8 +28,13 @@ from api.schemas.cohere import (
 from api.server import Server
 
 
-@post("/v2/embed", status_code=200, request_body=EmbedRequest)
-async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedResponse:
+@post(
+    "/v2/embed",
+    status_code=200,
+    request_body=EmbedRequest,
+    responses=documented(EmbedResponse, "the embeddings by type, in input order"),
+)
+async def embed_v2(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, EmbedRequest)
     if data.images or data.inputs:
         param = "images" if data.images else "inputs"
@@ -58,7 +64,9 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> EmbedRe
     embeddings = EmbeddingsByType(**{_field(kind): by_type(vectors, kind) for kind in types})
     billed = EmbedBilledUnits(input_tokens=num_tokens)
     meta = EmbedMeta(api_version=ApiVersion(version="2"), billed_units=billed)
-    return EmbedResponse(id=str(uuid.uuid4()), embeddings=embeddings, texts=data.texts, meta=meta)
+    return EncodedJson(
+        EmbedResponse(id=str(uuid.uuid4()), embeddings=embeddings, texts=data.texts, meta=meta)
+    )
 
 
 def _field(embedding_type: str) -> str:

@@ -12,6 +12,7 @@ from api.guard import RequestGuard
 from api.inputs import normalize_input
 from api.models import EMBED
 from api.prompts import select_prompt
+from api.responses import EncodedJson, documented
 from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
 from api.server import Server
 
@@ -25,8 +26,13 @@ TOKEN_IDS_REFUSED = (
 )
 
 
-@post(["/v1/embeddings", "/embeddings"], status_code=200, request_body=EmbeddingRequest)
-async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EmbeddingResponse:
+@post(
+    ["/v1/embeddings", "/embeddings"],
+    status_code=200,
+    request_body=EmbeddingRequest,
+    responses=documented(EmbeddingResponse, "the embeddings, in input order"),
+)
+async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, EmbeddingRequest)
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
@@ -49,11 +55,12 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     vectors = truncate_dimensions(await guard.run(sequences), data.dimensions)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     encoded = encode_vectors(vectors, data.encoding_format)
-    return EmbeddingResponse(
+    response = EmbeddingResponse(
         data=[Embedding(index=index, embedding=vector) for index, vector in enumerate(encoded)],
         model=data.model or model.name,
         usage=Usage(prompt_tokens=num_tokens, total_tokens=num_tokens),
     )
+    return EncodedJson(response)
 
 
 def _truncation(truncate_prompt_tokens: int | None, window: int, auto_truncate: bool) -> tuple[int, bool]:

@@ -16,6 +16,7 @@ from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.models import RERANK, ServedModel
+from api.responses import EncodedJson, documented
 from api.schemas.cohere import (
     ApiVersion,
     BilledUnits,
@@ -33,16 +34,19 @@ from scoring.rerank import RerankOptions, rerank_scores
 MAX_DOCUMENT_DEPTH = 64
 
 
-@post("/v1/rerank", status_code=200, request_body=RerankRequest)
-async def rerank_v1(request: Request, server: NamedDependency[Server]) -> RerankResponse:
+RANKED = documented(RerankResponse, "the documents' indexes and scores, most relevant first")
+
+
+@post("/v1/rerank", status_code=200, request_body=RerankRequest, responses=RANKED)
+async def rerank_v1(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
     options = RerankOptions(max_chunks_per_doc=chunks, instruction=data.instruction)
     return await _rerank(request, data, server, options, version="1")
 
 
-@post("/v2/rerank", status_code=200, request_body=RerankRequest)
-async def rerank_v2(request: Request, server: NamedDependency[Server]) -> RerankResponse:
+@post("/v2/rerank", status_code=200, request_body=RerankRequest, responses=RANKED)
+async def rerank_v2(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, RerankRequest)
     max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
     options = RerankOptions(max_tokens_per_doc=max_tokens, instruction=data.instruction)
@@ -51,7 +55,7 @@ async def rerank_v2(request: Request, server: NamedDependency[Server]) -> Rerank
 
 async def _rerank(
     request: Request, data: RerankRequest, server: Server, options: RerankOptions, version: str
-) -> RerankResponse:
+) -> EncodedJson:
     model = server.registry().get(data.model, RERANK)
     if not data.query.strip():
         raise InvalidInput("query must not be empty", "query")
@@ -71,7 +75,7 @@ async def _rerank(
         for index in ranking(scores, top_n)
     ]
     meta = RerankMeta(api_version=ApiVersion(version=version), billed_units=BilledUnits(search_units=1))
-    return RerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
+    return EncodedJson(RerankResponse(id=str(uuid.uuid4()), results=results, meta=meta))
 
 
 async def score_texts(

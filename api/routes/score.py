@@ -18,14 +18,20 @@ from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.inputs import check_texts
 from api.models import RERANK, ServedModel
+from api.responses import EncodedJson, documented
 from api.routes.rerank import score_texts
 from api.schemas.vllm import ScoreData, ScoreRequest, ScoreResponse, ScoreUsage
 from api.server import Server
 from scoring.rerank import RerankOptions
 
 
-@post(["/score", "/v1/score"], status_code=200, request_body=ScoreRequest)
-async def score(request: Request, server: NamedDependency[Server]) -> ScoreResponse:
+@post(
+    ["/score", "/v1/score"],
+    status_code=200,
+    request_body=ScoreRequest,
+    responses=documented(ScoreResponse, "one score per pair, in input order"),
+)
+async def score(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, ScoreRequest)
     pairs = _pairs(data.text_1, data.text_2, server.config.max_documents)
     model = server.registry().get(data.model, RERANK)
@@ -41,13 +47,14 @@ async def score(request: Request, server: NamedDependency[Server]) -> ScoreRespo
         seconds = [pairs[index][1] for index in indexes]
         scores[indexes] = await score_texts(model, first, seconds, options, guard)
     num_tokens = _num_tokens(model, pairs, groups)
-    return ScoreResponse(
+    response = ScoreResponse(
         id=f"score-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=data.model or model.name,
         data=[ScoreData(index=index, score=float(value)) for index, value in enumerate(scores)],
         usage=ScoreUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
     )
+    return EncodedJson(response)
 
 
 def _pairs(text_1: str | list[str], text_2: str | list[str], max_pairs: int) -> list[tuple[str, str]]:

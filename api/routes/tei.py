@@ -16,6 +16,7 @@ from api.inputs import check_texts
 from api.models import EMBED, RERANK
 from api.openapi import package_version
 from api.prompts import select_prompt
+from api.responses import EncodedJson, documented
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
 from api.schemas.tei import TeiEmbedRequest, TeiInfo, TeiToken, TeiTokenizeRequest
@@ -23,8 +24,13 @@ from api.server import Server
 from scoring.rerank import RerankOptions
 
 
-@post("/embed", status_code=200, request_body=TeiEmbedRequest)
-async def embed_tei(request: Request, server: NamedDependency[Server]) -> list[list[float]]:
+@post(
+    "/embed",
+    status_code=200,
+    request_body=TeiEmbedRequest,
+    responses=documented(list[list[float]], "the vectors, in input order"),
+)
+async def embed_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, TeiEmbedRequest)
     model = server.registry().get(None, EMBED)
     spec, encoder = model.spec, model.encoder
@@ -49,11 +55,16 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> list[l
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return truncate_dimensions(vectors, data.dimensions).tolist()
+    return EncodedJson(truncate_dimensions(vectors, data.dimensions).tolist())
 
 
-@post("/rerank", status_code=200, request_body=TeiRerankRequest)
-async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[TeiRank]:
+@post(
+    "/rerank",
+    status_code=200,
+    request_body=TeiRerankRequest,
+    responses=documented(list[TeiRank], "the texts' indexes and scores, most relevant first"),
+)
+async def rerank_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, TeiRerankRequest)
     model = server.registry().get(None, RERANK)
     if not data.query.strip():
@@ -68,10 +79,14 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> list[
     )
     guard = RequestGuard(model.engine, request, server.config)
     scores = await score_texts(model, data.query, data.texts, options, guard)
-    return [
-        TeiRank(index=index, score=float(scores[index]), text=data.texts[index] if data.return_text else None)
-        for index in ranking(scores, None)
-    ]
+    return EncodedJson(
+        [
+            TeiRank(
+                index=index, score=float(scores[index]), text=data.texts[index] if data.return_text else None
+            )
+            for index in ranking(scores, None)
+        ]
+    )
 
 
 @post("/tokenize", status_code=200, request_body=TeiTokenizeRequest)

@@ -1,0 +1,32 @@
+"""EncodedJson: a 200 whose JSON body is encoded once, by msgspec, and handed to the server as it is. A
+route that returns a Struct goes through Litestar's response building (a Response, its headers, an
+encoder lookup) at about 20 us a request; the routes on the hot path return this instead, and name the
+Struct in the OpenAPI schema with `documented(...)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.types import Receive, Scope, Send
+
+_ENCODER = msgspec.json.Encoder()
+_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+class EncodedJson:
+    __slots__ = ("body",)
+
+    def __init__(self, content: Any):
+        self.body = _ENCODER.encode(content)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [_CONTENT_TYPE, (b"content-length", str(len(self.body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+def documented(wire_type: Any, description: str) -> dict[int, ResponseSpec]:
+    """The `responses` of a route that returns EncodedJson of `wire_type`."""
+    return {200: ResponseSpec(data_container=wire_type, description=description)}
