@@ -159,7 +159,7 @@ def engine_figures(checkpoint, plan: Plan, one: str, many: list[str], options) -
     encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
     engine = build_engine(spec, sized_for(spec.max_seq_length, plan.device, plan.dtype, options.backend))
     sequence = encoder.encode([one], None, False)
-    requests = [encoder.encode(many, None, False)] * 256
+    requests = [encoder.encode(many, None, False)] * 128  # within the default queue of 64 full batches
     loop = asyncio.new_event_loop()
 
     async def saturate() -> None:

@@ -183,6 +183,7 @@ class _Connection:
             elif isinstance(message, Hello):
                 self.requests = Mapping(self.folder / message.requests, message.requests_size, create=False)
                 replies = Mapping(self.folder / message.replies, message.replies_size, create=False)
+                replies.touch()
                 self.replies = RingWriter(replies)
         return True
 

@@ -17,8 +17,8 @@ import numpy as np
 from engine.replica_protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
 from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
 
-REQUEST_RING_BYTES = 16 << 20  # about 4M tokens in flight; more go through spill files
-REPLY_RING_BYTES = 64 << 20  # rows on their way to the gateway, which copies them out on arrival
+REQUEST_RING_BYTES = 8 << 20  # about 2M tokens in flight; more go through spill files
+REPLY_RING_BYTES = 16 << 20  # rows on their way to the gateway, which copies them out on arrival
 RECEIVE_BYTES = 1 << 16
 
 OnMessage = Callable[[int, object, "np.ndarray | None"], None]
@@ -46,6 +46,8 @@ class ReplicaLink:
         name = f"ring-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.requests = RingWriter(Mapping(self.folder / f"{name}-requests", REQUEST_RING_BYTES, create=True))
         self.replies = Mapping(self.folder / f"{name}-replies", REPLY_RING_BYTES, create=True)
+        self.requests.mapping.touch()
+        self.replies.touch()
         self.replies_read = 0  # how far this gateway has copied rows out of the reply ring
         self._replies_told = 0  # ... and what the replica has heard of it
         self._encode = encoder()
