@@ -250,7 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("posy: cannot serve: --engine-process off needs one replica and one gateway", file=sys.stderr)
         return 2
     layout = choose_layout(device, usable_cores(), num_replicas, args.api_workers, engine_process)
-    config = dataclasses.replace(config, api_workers=layout.api_workers, engine_process=layout.engine_process)
+    config = dataclasses.replace(
+        config,
+        api_workers=layout.api_workers,
+        engine_process=layout.engine_process,
+        tokenizer_threads=max(1, int(usable_cores() // layout.api_workers)),
+    )
     where = "in its own process" if layout.engine_process else "in process"
     plural = "es" if layout.api_workers > 1 else ""
     logging.getLogger("api.layout").info(

@@ -233,9 +233,13 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
     rate = plan.overload_factor * saturation
     pid = server_pid(url)
     run_open_loop(url, bodies, rate, plan.overload_s / 3, plan.overload_senders)  # allocators grow once
-    before = rss_mib(pid)
+    before, each_before = rss_mib(pid), process_rss_mib(pid)
     result = run_open_loop(url, bodies, rate, plan.overload_s, plan.overload_senders)
-    growth = rss_mib(pid) - before
+    growth, each_after = rss_mib(pid) - before, process_rss_mib(pid)
+    grew = {name: round(each_after[name] - mib) for name, mib in each_before.items() if name in each_after}
+    print(f"  memory by process (MiB, growth): {grew}")
+    if result.failures:
+        print(f"  no answer for {len(result.failures)}: {sorted(set(result.failures))[:5]}")
     others = len(result.answers) - result.count(200) - result.count(429)
     p99 = result.latency_ms(200, 99)
     case = f"overload-{plan.overload_factor:g}x"
@@ -255,6 +259,21 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
         context.record(case, "admitted_latency_p99_ms", p99 or 0.0, "ms"),
         context.record(case, "memory_growth_mib", growth, "MiB"),
     ]
+
+
+def process_rss_mib(pid: int) -> dict[str, float]:
+    """RSS of the server and each of its children, by pid and a word of its command line."""
+    from benchmarks.gateway import children
+
+    sizes = {}
+    for process in [pid, *children(pid)]:
+        try:
+            status = Path(f"/proc/{process}/status").read_text()
+        except FileNotFoundError:
+            continue
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        sizes[str(process)] = kib / 1024
+    return sizes
 
 
 def infinity_cases(

@@ -37,6 +37,11 @@ class OpenLoopResult:
         return {answer[0] for answer in self.answers}
 
     @property
+    def failures(self) -> list[str]:
+        """Why requests got no answer, as the client saw it."""
+        return [str(why) for status, _, why in self.answers if status == 0]
+
+    @property
     def num_429_without_retry_after(self) -> int:
         return sum(status == 429 and not retry for status, _, retry in self.answers)
 
@@ -91,8 +96,9 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
                 reader, writer = await asyncio.open_connection(address.hostname, address.port)
             writer.write(request)
             status, retry = await asyncio.wait_for(_response(reader), ANSWER_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
-            answers.append((0, time.perf_counter() - started, None))
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as error:
+            # no answer: the status is 0 and the third field says why
+            answers.append((0, time.perf_counter() - started, f"{type(error).__name__}: {error}"[:200]))
             return
         answers.append((status, time.perf_counter() - started, retry))
         idle.append((reader, writer))

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,6 +26,17 @@ from engine.service_rate import ServiceRate
 logger = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int, int], None]
+IDLE_WAIT_S = 0.5  # how long the worker waits for work before it looks at the scheduler's state again
+
+
+class Intake(Protocol):
+    """Work that arrives on the engine's own thread (a replica process's sockets), so that no second
+    thread has to be woken for it: `poll` reads what comes within `timeout` seconds and submits it;
+    `wake` makes a waiting poll return."""
+
+    def poll(self, timeout: float) -> None: ...
+
+    def wake(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -50,6 +62,7 @@ class Engine:
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
+        self._intake: Intake | None = None
 
     @property
     def queued_tokens(self) -> int:
@@ -66,8 +79,15 @@ class Engine:
 
     def stop(self, timeout: float = 30.0) -> None:
         self.scheduler.stop()
+        if self._intake is not None:
+            self._intake.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def attach(self, intake: Intake) -> None:
+        """From now on the worker also reads `intake` between batches, and waits on it when idle."""
+        self._intake = intake
+        self.scheduler.wake()
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
         """How long `num_tokens` tokens take on this engine when idle; None before it has measured."""
@@ -137,7 +157,13 @@ class Engine:
         in_flight: _InFlight | None = None
         while True:
             # with a batch on the device, do not wait for new work: finish that batch instead
-            batch = self.scheduler.next_batch(timeout=0 if in_flight else 0.5)
+            busy = in_flight is not None
+            intake = self._intake
+            if intake is None:
+                batch = self.scheduler.next_batch(timeout=0 if busy else IDLE_WAIT_S)
+            else:
+                intake.poll(0 if busy or self.scheduler.queued_tokens else IDLE_WAIT_S)
+                batch = self.scheduler.next_batch(timeout=0)
             self.rate.busy = bool(batch) or in_flight is not None
             launched = self._launch(batch) if batch else None
             if in_flight is not None:

@@ -1,6 +1,6 @@
 """An engine replica process: builds its model's engine on its device, then serves gateways on a Unix
-stream socket (engine/replica_protocol.py). One thread reads every gateway's frames and queues their
-Runs on the engine; the engine's thread writes each request's rows into that gateway's reply ring and
+stream socket (engine/replica_protocol.py). The engine's thread reads every gateway's frames between
+batches and queues their Runs, then writes each request's rows into that gateway's reply ring and
 answers at once. It exits on SIGTERM (the engine fails what is still queued with EngineStopped) or when
 its parent is gone."""
 
@@ -81,21 +81,8 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
     description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
     stop = threading.Event()
-    wake_read, wake_write = socket.socketpair()
-    wake_write.setblocking(False)
-
-    def on_signal(signum, frame) -> None:
-        stop.set()
-        try:
-            wake_write.send(b"x")
-        except OSError:
-            pass
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        serve(engine, config.endpoint, ready, stop, wake_read, parent=os.getppid())
-    finally:
-        engine.stop()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    serve(engine, config.endpoint, ready, stop, parent=os.getppid())
 
 
 def serve(
@@ -103,49 +90,70 @@ def serve(
     endpoint: str,
     ready,
     stop: threading.Event,
-    wake: socket.socket | None = None,
     parent: int | None = None,
 ) -> None:
-    """Accept gateways on `endpoint` and serve them until `stop` is set (`wake` readable makes the
-    loop look at once) or the process `parent` is gone."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    Path(endpoint).unlink(missing_ok=True)  # a replica killed before it could clean up
-    listener.bind(endpoint)
-    listener.listen(256)
-    folder = Path(endpoint).parent
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, None)
-    if wake is not None:
-        selector.register(wake, selectors.EVENT_READ, "wake")
-    connections: list[_Connection] = []
+    """Serve gateways on `endpoint` until `stop` is set or the process `parent` is gone: the engine's
+    own thread reads the gateways' frames between batches and waits on them when idle (_Intake), so a
+    request wakes one thread here, not a reader and then the engine. The engine is stopped on return."""
+    intake = _Intake(engine, endpoint)
+    engine.attach(intake)
     ready.set()
     logger.info("replica serving %s on %s", engine.attention_backend, endpoint)
-    checked = time.monotonic()
     try:
-        while not stop.is_set():
-            for key, _ in selector.select(timeout=PARENT_CHECK_S):
-                if key.data is None:
-                    accepted, _ = listener.accept()
-                    connection = _Connection(accepted, folder, engine)
-                    connections.append(connection)
-                    selector.register(accepted, selectors.EVENT_READ, connection)
-                elif key.data == "wake":
-                    key.fileobj.recv(64)
-                elif not key.data.receive():
-                    selector.unregister(key.fileobj)
-                    key.data.close()
-                    connections.remove(key.data)
-            if parent is not None and time.monotonic() - checked >= PARENT_CHECK_S:
-                checked = time.monotonic()
-                if os.getppid() != parent:
-                    logger.warning("the gateway process is gone: stopping")
-                    return
+        while not stop.wait(PARENT_CHECK_S):
+            if parent is not None and os.getppid() != parent:
+                logger.warning("the gateway process is gone: stopping")
+                return
     finally:
-        for connection in connections:
+        engine.stop()
+        intake.close()
+
+
+class _Intake:
+    """The listening socket and every gateway's connection, read on the engine's thread."""
+
+    def __init__(self, engine: Engine, endpoint: str):
+        self.engine, self.endpoint = engine, endpoint
+        self.folder = Path(endpoint).parent
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        Path(endpoint).unlink(missing_ok=True)  # a replica killed before it could clean up
+        self.listener.bind(endpoint)
+        self.listener.listen(256)
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_write.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.selector.register(self._wake_read, selectors.EVENT_READ, "wake")
+        self.connections: list[_Connection] = []
+
+    def poll(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout=timeout):
+            if key.data is None:
+                accepted, _ = self.listener.accept()
+                connection = _Connection(accepted, self.folder, self.engine)
+                self.connections.append(connection)
+                self.selector.register(accepted, selectors.EVENT_READ, connection)
+            elif key.data == "wake":
+                self._wake_read.recv(64)
+            elif not key.data.receive():
+                self.selector.unregister(key.fileobj)
+                key.data.close()
+                self.connections.remove(key.data)
+
+    def wake(self) -> None:
+        try:
+            self._wake_write.send(b"x")
+        except OSError:  # full (a wake-up is pending anyway) or closed
+            pass
+
+    def close(self) -> None:
+        for connection in self.connections:
             connection.close()
-        selector.close()
-        listener.close()
-        Path(endpoint).unlink(missing_ok=True)
+        self.selector.close()
+        self.listener.close()
+        self._wake_read.close()
+        self._wake_write.close()
+        Path(self.endpoint).unlink(missing_ok=True)
 
 
 class _Connection:

@@ -28,7 +28,7 @@ READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine 
 WATCH_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 30.0
 DESCRIPTION_BYTES = 512
-LIVENESS_POLL_S = 0.05
+LIVENESS_POLL_S = 0.25  # deaths also show at once as a closed connection; this is for returns
 
 
 def replica_count(replicas: int | None, device: str) -> int:
@@ -192,9 +192,10 @@ class ReplicaHandles:
         """Until `stop`: tell `pool` of every death and return of a replica (a thread's loop). A replica
         that died and came back between two looks still counts as died: its chunks were lost."""
         seen = [(1, 0)] * len(self.endpoints)  # as the pool starts: all alive, none restarted
+        values = self.liveness.get_obj()  # read without the array's lock: one writer, whole words
         while not stop.wait(LIVENESS_POLL_S):
             for index, (was_alive, generation) in enumerate(seen):
-                now = (self.liveness[2 * index], self.liveness[2 * index + 1])
+                now = (values[2 * index], values[2 * index + 1])
                 if now == (was_alive, generation):
                     continue
                 if not now[0] or now[1] != generation:

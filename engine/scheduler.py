@@ -78,6 +78,7 @@ class Scheduler:
         self._queue: deque[QueuedRequest] = deque()
         self._queued_tokens = 0
         self._stopped = False
+        self._woken = False
         self._condition = threading.Condition()
 
     @property
@@ -109,12 +110,19 @@ class Scheduler:
         """Wait up to `timeout` seconds (None: until work or stop) and pop the next batch;
         an empty list means no work arrived in time or the scheduler stopped."""
         with self._condition:
-            self._condition.wait_for(lambda: self._queue or self._stopped, timeout=timeout)
+            self._condition.wait_for(lambda: self._queue or self._stopped or self._woken, timeout=timeout)
+            self._woken = False
             return self._take_batch()
 
     def stop(self) -> None:
         with self._condition:
             self._stopped = True
+            self._condition.notify_all()
+
+    def wake(self) -> None:
+        """A worker waiting in next_batch returns (empty-handed unless work came)."""
+        with self._condition:
+            self._woken = True
             self._condition.notify_all()
 
     @property

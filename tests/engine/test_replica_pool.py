@@ -1,11 +1,10 @@
-"""ReplicaPool against stand-in replicas (the replica's own serving loop in a thread, over an engine that
+"""ReplicaPool against stand-in replicas (the replica's own serving code, read by a stand-in engine that
 answers at once, refuses or holds; no model): chunks come back in input order from several replicas, a
 chunk refused by a full replica goes to one with room, all replicas full is Overloaded with Retry-After,
 a request split over replicas is admitted whole or refused whole, a cancelled request tells its
 replicas, payloads larger than the rings still arrive, and the deadline travels with each chunk."""
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -38,6 +37,20 @@ class StandInEngine:
         self.received: list[tuple[list[list[int]], float | None]] = []
         self.held = []
 
+    def attach(self, intake):
+        """Like the engine's worker: read the intake until stopped."""
+        self._polling = True
+        self._poller = threading.Thread(target=self._poll, args=(intake,))
+        self._poller.start()
+
+    def _poll(self, intake):
+        while self._polling:
+            intake.poll(0.05)
+
+    def stop(self):
+        self._polling = False
+        self._poller.join(10)
+
     def submit(self, request, token_ids, token_type_ids=None, deadline=None):
         self.received.append(([list(map(int, ids)) for ids in token_ids], deadline))
         if self.full:
@@ -53,17 +66,14 @@ class StandInReplica:
     def __init__(self, endpoint: str, **behaviour):
         self.engine = StandInEngine(**behaviour)
         self.stop = threading.Event()
-        self.wake, self._wake_write = socket.socketpair()
         ready = threading.Event()
-        self.thread = threading.Thread(
-            target=serve, args=(self.engine, endpoint, ready, self.stop, self.wake)
-        )
+        self.thread = threading.Thread(target=serve, args=(self.engine, endpoint, ready, self.stop))
+
         self.thread.start()
         assert ready.wait(10)
 
     def close(self):
         self.stop.set()
-        self._wake_write.send(b"x")
         self.thread.join(10)
 
 
