@@ -14,6 +14,7 @@ import json
 import random
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,8 +235,18 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
     pid = server_pid(url)
     run_open_loop(url, bodies, rate, plan.overload_s / 3, plan.overload_senders)  # allocators grow once
     before, each_before = rss_mib(pid), process_rss_mib(pid)
+    # memory sampled through the window: in-flight work holds memory while the queue fills up to the
+    # deadline, so flat means no growth over the window's second half
+    samples: list[float] = []
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample_rss, args=(pid, plan.overload_s / 10, done, samples))
+    sampler.start()
     result = run_open_loop(url, bodies, rate, plan.overload_s, plan.overload_senders)
+    done.set()
+    sampler.join()
     growth, each_after = rss_mib(pid) - before, process_rss_mib(pid)
+    second_half = samples[-1] - samples[len(samples) // 2] if len(samples) > 2 else 0.0
+    print(f"  memory through the window (MiB): {[round(sample) for sample in samples]}")
     grew = {name: round(each_after[name] - mib) for name, mib in each_before.items() if name in each_after}
     print(f"  memory by process (MiB, growth): {grew}")
     if result.failures:
@@ -258,11 +269,17 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
         ),
         context.record(case, "admitted_latency_p99_ms", p99 or 0.0, "ms"),
         context.record(case, "memory_growth_mib", growth, "MiB"),
+        context.record(case, "memory_growth_second_half_mib", second_half, "MiB"),
     ]
 
 
+def _sample_rss(pid: int, every_s: float, done: threading.Event, samples: list[float]) -> None:
+    while not done.wait(every_s):
+        samples.append(rss_mib(pid))
+
+
 def process_rss_mib(pid: int) -> dict[str, float]:
-    """RSS of the server and each of its children, by pid and a word of its command line."""
+    """RSS of the server and each of its children, by pid."""
     from benchmarks.gateway import children
 
     sizes = {}
