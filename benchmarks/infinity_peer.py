@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.live_server import ServerFailed, free_port
+from benchmarks.live_server import free_port, serve_process
 
 SITE_VARIABLE = "POSY_INFINITY_SITE"
-READY_TIMEOUT_S = 300.0
 
 
 def infinity_site() -> tuple[Path | None, str]:
@@ -49,9 +44,7 @@ def sentence_transformers_v3_files(folder: Path, hidden_size: int, window: int) 
 
 @contextmanager
 def serve_infinity(site: Path, model: Path, served_name: str, device: str, dtype: str) -> Iterator[str]:
-    """The base URL of a ready Infinity server; its log is printed if it fails."""
-    import httpx
-
+    """The base URL of a ready Infinity server; its log is in the error if it fails to start."""
     port = free_port()
     command = [
         sys.executable, "-c", "import sys; from infinity_emb.cli import cli; sys.exit(cli())", "v2",
@@ -61,35 +54,8 @@ def serve_infinity(site: Path, model: Path, served_name: str, device: str, dtype
     ]  # fmt: skip
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     env.update(
-        PYTHONPATH=str(site),
-        HF_HUB_OFFLINE="1",
-        INFINITY_ANONYMOUS_USAGE_STATS="0",
-        DO_NOT_TRACK="1",
+        PYTHONPATH=str(site), HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1",
         PYTHONUNBUFFERED="1",
     )
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            with httpx.Client(timeout=2.0, trust_env=False) as client:
-                while True:
-                    try:
-                        if client.get(f"{url}/health").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        output = log.read().decode(errors="replace")[-6000:]
-                        raise ServerFailed(f"Infinity did not become ready:\n{output}")
-                    time.sleep(0.5)
-            yield url
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+    with serve_process(command, env, port, "/health") as url:
+        yield url

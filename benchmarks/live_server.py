@@ -31,21 +31,30 @@ def free_port() -> int:
 @contextmanager
 def serve(model: Path | None, *flags: str) -> Iterator[str]:
     """The base URL of a ready server for `model` (None: the bundled one) started with `flags`."""
-    import httpx
-
     port = free_port()
     command = [sys.executable, "-m", "api", "serve", "--port", str(port), "--drain-grace", "0", *flags]
     if model is not None:
         command += ["--model", str(model)]
     env = {name: value for name, value in os.environ.items() if not name.startswith("POSY_")}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", POSY_LOG_LEVEL="warning")
+    with serve_process(command, env, port, "/ready") as url:
+        yield url
+
+
+@contextmanager
+def serve_process(command: list[str], env: dict[str, str], port: int, ready_path: str) -> Iterator[str]:
+    """Run a server process (its log kept aside) until `ready_path` answers 200 on `port`; its base URL.
+    It is stopped (SIGTERM, then kill) when the block ends; its log is in the error if it never gets
+    ready."""
+    import httpx
+
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             with httpx.Client(timeout=2.0, trust_env=False) as client:
-                while not _ready(client, url):
+                while not _ready(client, url + ready_path):
                     if process.poll() is not None or time.monotonic() > deadline:
                         log.seek(0)
                         output = log.read().decode(errors="replace")[-6000:]
@@ -82,7 +91,7 @@ def _ready(client, url: str) -> bool:
     import httpx
 
     try:
-        return client.get(f"{url}/ready").status_code == 200
+        return client.get(url).status_code == 200
     except httpx.TransportError:
         return False
 

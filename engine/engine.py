@@ -100,16 +100,7 @@ class Engine:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
-        return (await self.run_timed(token_ids, token_type_ids)).rows
-
-    async def run_timed(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        deadline: float | None = None,
-    ) -> EngineOutput:
-        """The rows and where their time went."""
-        return await self.enqueue(token_ids, token_type_ids, deadline)
+        return (await self.enqueue(token_ids, token_type_ids)).rows
 
     def enqueue(
         self,

@@ -41,15 +41,16 @@ async def await_in_passing_thread(function: Callable[[], T]) -> T:
         try:
             result = function()
         except BaseException as error:
-            loop.call_soon_threadsafe(_settle, future, None, error)
+            loop.call_soon_threadsafe(settle, future, None, error)
         else:
-            loop.call_soon_threadsafe(_settle, future, result, None)
+            loop.call_soon_threadsafe(settle, future, result, None)
 
     threading.Thread(target=target, name="posy-load", daemon=True).start()
     return await future
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    """From the loop's thread: the future's outcome, unless it is done already (cancelled)."""
     if future.done():
         return
     if error is not None:

@@ -110,14 +110,6 @@ class ReplicaPool:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
         return (await self.enqueue(token_ids, token_type_ids)).rows
 
-    async def run_timed(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        deadline: float | None = None,
-    ) -> EngineOutput:
-        return await self.enqueue(token_ids, token_type_ids, deadline)
-
     def enqueue(
         self,
         token_ids: Sequence[Sequence[int]],

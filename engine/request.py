@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.passing_thread import settle
+
 
 @dataclass(frozen=True, slots=True)
 class EngineOutput:
@@ -78,16 +80,7 @@ class FutureRequest(EngineRequest):
         return self.future.done()
 
     def done(self, output: EngineOutput) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, output, None)
+        self.loop.call_soon_threadsafe(settle, self.future, output, None)
 
     def fail(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, None, error)
-
-
-def _settle(future: asyncio.Future, output: EngineOutput | None, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(output)
+        self.loop.call_soon_threadsafe(settle, self.future, None, error)

@@ -8,9 +8,7 @@ import dataclasses
 import json
 import time
 
-import numpy as np
 import pytest
-import torch
 from litestar.testing import TestClient
 
 from api.app import create_app
@@ -18,27 +16,11 @@ from api.config import ServerConfig
 from api.server import Server
 from engine.config import EngineConfig
 from engine.engine import Engine
+from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
 TIMEOUT_S = 1.0
-
-
-class Rows:
-    def __init__(self, rows):
-        self.rows = rows
-
-    def result(self):
-        return self.rows
-
-
-class TimedRunner:
-    device = torch.device("cpu")
-    graphs = None
-
-    def step(self, batch):
-        time.sleep(batch.num_tokens * SECONDS_PER_TOKEN)
-        rows = np.ones((batch.num_seqs, 384), dtype=np.float32)
-        return Rows(rows / np.linalg.norm(rows, axis=1, keepdims=True))
+CONFIG = EngineConfig(max_batch_tokens=1024, max_queue_tokens=10**6)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +29,9 @@ def served():
     with TestClient(create_app(server.config, server)) as client:
         model = server.registry().models[0]
         real_engine = model.engine
-        engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1024, max_queue_tokens=10**6))
+        engine = Engine(
+            TimedRunner(SECONDS_PER_TOKEN, 384), EngineConfig(max_batch_tokens=1024, max_queue_tokens=10**6)
+        )
         engine.start()
         model.engine = engine
         try:

@@ -5,35 +5,16 @@ could not finish before the request's deadline, admits what it can, and what it 
 import asyncio
 import time
 
-import numpy as np
 import pytest
-import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import BehindDeadline
 from engine.service_rate import ServiceRate
+from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
-
-
-class Rows:
-    def __init__(self, rows):
-        self.rows = rows
-
-    def result(self):
-        return self.rows
-
-
-class TimedRunner:
-    """Takes SECONDS_PER_TOKEN a token, like a model of known speed."""
-
-    device = torch.device("cpu")
-    graphs = None
-
-    def step(self, batch):
-        time.sleep(batch.num_tokens * SECONDS_PER_TOKEN)
-        return Rows(np.ones((batch.num_seqs, 4), dtype=np.float32))
+CONFIG = EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6)
 
 
 def test_the_rate_is_measured_on_large_enough_batches_only():
@@ -49,7 +30,9 @@ def test_the_rate_is_measured_on_large_enough_batches_only():
 
 
 def test_work_that_cannot_finish_before_its_deadline_is_refused_and_admitted_work_finishes():
-    engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6))
+    engine = Engine(
+        TimedRunner(SECONDS_PER_TOKEN), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6)
+    )
     engine.start()
 
     async def main():
@@ -76,7 +59,9 @@ def test_work_that_cannot_finish_before_its_deadline_is_refused_and_admitted_wor
 
 
 def test_before_any_measurement_work_is_admitted_by_tokens_only():
-    engine = Engine(TimedRunner(), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6))
+    engine = Engine(
+        TimedRunner(SECONDS_PER_TOKEN), EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6)
+    )
     engine.start()
 
     async def main():
