@@ -155,8 +155,11 @@ class Engine:
             else:
                 intake.poll(0 if busy or self.scheduler.queued_tokens else IDLE_WAIT_S)
                 batch = self.scheduler.next_batch(timeout=0)
-            self.rate.busy = bool(batch) or in_flight is not None
             launched = self._launch(batch) if batch else None
+            if launched is not None:
+                self.rate.busy_since = launched.launched_at
+            elif in_flight is None:
+                self.rate.busy_since = None
             if in_flight is not None:
                 self._finish(in_flight)
             in_flight = launched

@@ -4,6 +4,7 @@ that admission can say whether work queued now finishes before its deadline. Pla
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 NUM_BATCHES = 32  # the moving window
@@ -24,7 +25,9 @@ class ServiceRate:
         self._totals = (0, 0.0)
         self._last_batch_s = 0.0
         self._lock = threading.Lock()
-        self.busy = False  # a batch is on the device (set by the engine's thread)
+        # when the batch now on the device was launched (time.perf_counter); None while idle. Set by
+        # the engine's thread
+        self.busy_since: float | None = None
 
     def observe(self, num_tokens: int, busy_s: float) -> None:
         """One finished batch (the engine's thread)."""
@@ -45,9 +48,14 @@ class ServiceRate:
         return seconds / tokens if tokens else None
 
     def seconds_for(self, num_tokens: int) -> float | None:
-        """How long `num_tokens` queued tokens take to come back: their share of the rate, plus the batch
-        on the device when they arrive, if any; None before any measurement."""
+        """How long `num_tokens` queued tokens take to come back: their share of the rate, plus what is
+        left of the batch on the device, if any (taken to last as long as the latest measured one);
+        None before any measurement."""
         per_token = self.seconds_per_token
         if per_token is None:
             return None
-        return num_tokens * per_token + (self._last_batch_s if self.busy else 0.0)
+        busy_since = self.busy_since
+        left = (
+            0.0 if busy_since is None else max(0.0, self._last_batch_s - (time.perf_counter() - busy_since))
+        )
+        return num_tokens * per_token + left

@@ -25,8 +25,10 @@ def test_the_rate_is_measured_on_large_enough_batches_only():
     rate.observe(1000, 0.1)
     assert rate.seconds_per_token == pytest.approx(1e-4)
     assert rate.seconds_for(2000) == pytest.approx(0.2)
-    rate.busy = True  # a batch on the device comes first
-    assert rate.seconds_for(2000) == pytest.approx(0.3)
+    rate.busy_since = time.perf_counter()  # a batch just launched comes first, as long as the last one
+    assert rate.seconds_for(2000) == pytest.approx(0.3, abs=0.01)
+    rate.busy_since = time.perf_counter() - 0.06  # ... and of one launched 60 ms ago, what is left
+    assert rate.seconds_for(2000) == pytest.approx(0.24, abs=0.01)
 
 
 def test_work_that_cannot_finish_before_its_deadline_is_refused_and_admitted_work_finishes():
