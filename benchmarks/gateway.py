@@ -56,11 +56,21 @@ def server_pid(url: str) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    total = 0
+    """RSS of the server and its children together."""
+    return sum(process_rss_mib(pid).values())
+
+
+def process_rss_mib(pid: int) -> dict[str, float]:
+    """RSS of the server and each of its children, by pid (one that has just exited is left out)."""
+    sizes = {}
     for process in [pid, *children(pid)]:
-        status = Path(f"/proc/{process}/status").read_text()
-        total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
-    return total / 1024
+        try:
+            status = Path(f"/proc/{process}/status").read_text()
+        except FileNotFoundError:
+            continue
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        sizes[str(process)] = kib / 1024
+    return sizes
 
 
 def count(errors: list[str], prefix: str) -> int:

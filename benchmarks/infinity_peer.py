@@ -54,7 +54,10 @@ def serve_infinity(site: Path, model: Path, served_name: str, device: str, dtype
     ]  # fmt: skip
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     env.update(
-        PYTHONPATH=str(site), HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1",
+        PYTHONPATH=str(site),
+        HF_HUB_OFFLINE="1",
+        INFINITY_ANONYMOUS_USAGE_STATS="0",
+        DO_NOT_TRACK="1",
         PYTHONUNBUFFERED="1",
     )
     with serve_process(command, env, port, "/health") as url:

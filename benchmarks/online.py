@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.baseline import min_cosine
 from benchmarks.checkpoints import BERT_SHAPES, words
-from benchmarks.gateway import rss_mib, server_pid
+from benchmarks.gateway import process_rss_mib, rss_mib, server_pid
 from benchmarks.infinity_peer import infinity_site, sentence_transformers_v3_files, serve_infinity
 from benchmarks.load import LoadResult, embed_over_http, run_clients
 from benchmarks.open_loop import run_open_loop
@@ -276,21 +276,6 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
 def _sample_rss(pid: int, every_s: float, done: threading.Event, samples: list[float]) -> None:
     while not done.wait(every_s):
         samples.append(rss_mib(pid))
-
-
-def process_rss_mib(pid: int) -> dict[str, float]:
-    """RSS of the server and each of its children, by pid."""
-    from benchmarks.gateway import children
-
-    sizes = {}
-    for process in [pid, *children(pid)]:
-        try:
-            status = Path(f"/proc/{process}/status").read_text()
-        except FileNotFoundError:
-            continue
-        kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-        sizes[str(process)] = kib / 1024
-    return sizes
 
 
 def infinity_cases(
