@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
     from api.layout import choose_layout, usable_cores
+    from api.tokenize import TOKENIZERS_PARALLELISM
     from engine.device import resolve_device
     from engine.replicas import replica_count
 
@@ -261,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("api.layout").info(
         "layout: %d gateway process%s, engine %s (%s)", layout.api_workers, plural, where, layout.reason
     )
+    # the encoders split large inputs over their own threads (api/tokenize.py); for every gateway spawned
+    # from here too
+    os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
     several_processes = config.api_workers > 1 or num_replicas > 1 or config.engine_process
     shared_metrics = None
     if several_processes:

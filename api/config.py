@@ -44,7 +44,7 @@ class ServerConfig:
     api_workers: int = 1
     # the engine runs in a process of its own even with one gateway and one replica
     engine_process: bool = False
-    # threads each gateway of several tokenizes a large request on (its share of the cores)
+    # threads a gateway splits a large request's tokenization over (its share of the cores)
     tokenizer_threads: int = 2
     # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
     bidirectional: bool = False

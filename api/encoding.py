@@ -26,5 +26,5 @@ def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarr
     return kept / np.maximum(norms, 1e-12)
 
 
-def encode_vectors(vectors: np.ndarray, encoding_format: str) -> list[list[float]] | list[str]:
+def encode_vectors(vectors: np.ndarray, encoding_format: str) -> list[list[float]] | list[bytes]:
     return base64_rows(vectors) if encoding_format == "base64" else vectors.tolist()

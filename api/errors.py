@@ -171,10 +171,16 @@ def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, d
 
 
 def error_response(request: Request, exc: Exception) -> Response:
-    status, error, headers = _status_and_error(exc, request_id_of(request.scope))
-    shape = shape_of(request.url.path)
+    status, body, headers = error_parts(request.scope, exc)
+    return Response(content=body, status_code=status, headers=headers, media_type="application/json")
+
+
+def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]]:
+    """The status, the body in the called API's shape, and the headers of the answer to `exc`."""
+    status, error, headers = _status_and_error(exc, request_id_of(scope))
+    shape = shape_of(scope["path"])
     if shape is ApiShape.COHERE:
-        body: object = {"message": error.message}
+        body: dict = {"message": error.message}
     elif shape is ApiShape.TEI:
         # TEI answers invalid input with 422 (a request too large: 413) and names the kind of error
         if status == 400:
@@ -192,4 +198,4 @@ def error_response(request: Request, exc: Exception) -> Response:
                 "code": status,
             }
         }
-    return Response(content=body, status_code=status, headers=headers, media_type="application/json")
+    return status, body, headers

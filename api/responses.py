@@ -22,9 +22,12 @@ class EncodedJson:
         self.body = _ENCODER.encode(content)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [_CONTENT_TYPE, (b"content-length", str(len(self.body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": json_headers(self.body)})
         await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [_CONTENT_TYPE, (b"content-length", str(len(body)).encode())]
 
 
 def documented(wire_type: Any, description: str) -> dict[int, ResponseSpec]:

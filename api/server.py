@@ -90,7 +90,13 @@ class Server:
                     "engine_process": str(self._remote is not None or not isinstance(engine, Engine)).lower(),
                 }
             )
-            encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size, spec.pair_format)
+            encoder = TextEncoder(
+                spec.tokenizer_path,
+                spec.max_seq_length,
+                spec.vocab_size,
+                spec.pair_format,
+                self.config.tokenizer_threads,
+            )
             served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
             logger.info(
                 "serving %s as %s (%s, window %d)",

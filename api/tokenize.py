@@ -3,29 +3,45 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from tokenizers import Tokenizer
 
 from api.errors import InputTooLong, InvalidInput
 from scoring.templates import JUDGE_PROMPTS, PairTemplate, SingleTemplate
 
-# tokenizing more than this many characters at once moves off the event loop, to the encoder's one
-# thread: the tokenizer spreads a large batch over every core itself, and several such batches at once
-# only crowd out the engine (on 2 cores a burst of them halved its speed)
+T = TypeVar("T")
+# tokenizing more than this many characters at once moves off the event loop, split over the encoder's
+# threads (the tokenizer lets go of the GIL while it works); smaller inputs are tokenized inline
 INLINE_TOKENIZE_CHARS = 20_000
+# the tokenizers library's own switch for its thread pool, which `posy serve` turns off: with it on,
+# even one text is handed to a pool thread and back (95 against 61 us a 126-word text on the H200's
+# host), and an idle pool's threads spin on cores the engine and the other gateways need
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 class TextEncoder:
-    def __init__(self, tokenizer_path: Path, window: int, vocab_size: int, pair_format: str = "pair"):
+    """`num_threads`: the threads a large input is split over; each request's slices queue behind the
+    ones before, so several large requests at once never take more than these threads."""
+
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        window: int,
+        vocab_size: int,
+        pair_format: str = "pair",
+        num_threads: int = 1,
+    ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.window = window
         self.vocab_size = vocab_size
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="posy-tokenize")
+        self.num_threads = max(1, num_threads)
+        self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
         if pair_format in JUDGE_PROMPTS:
             self.pair = JUDGE_PROMPTS[pair_format].pair_template(self.tokenizer)
@@ -42,35 +58,59 @@ class TextEncoder:
     async def encode_off_loop(
         self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False
     ) -> list[list[int]]:
-        """encode(), in a worker thread when the texts are long enough to hold up the event loop."""
+        """encode(), on the encoder's threads when the texts are long enough to hold up the event loop."""
         if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._thread, self.encode, texts, max_tokens, truncate, keep_end
+            return await self._split(
+                lambda part, first: self.encode(part, max_tokens, truncate, keep_end, first), texts
             )
         return self.encode(texts, max_tokens, truncate, keep_end)
 
     async def content_ids_off_loop(self, texts: Sequence[str]) -> list[list[int]]:
         """content_ids(), likewise."""
         if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, self.content_ids, texts)
+            return await self._split(lambda part, first: self.content_ids(part), texts)
         return self.content_ids(texts)
 
+    async def _split(self, work: Callable[[Sequence[str], int], list[T]], texts: Sequence[str]) -> list[T]:
+        """`work(part, index of its first text)` on num_threads consecutive parts at once, joined in
+        order; the error of the earliest part that failed is raised, as one pass would raise it."""
+        loop = asyncio.get_running_loop()
+        size = -(-len(texts) // self.num_threads)
+        starts = range(0, len(texts), size)
+        parts = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._threads, work, texts[start : start + size], start)
+                for start in starts
+            ),
+            return_exceptions=True,
+        )
+        joined: list[T] = []
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+            joined += part
+        return joined
+
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def encode(
-        self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False
+        self,
+        texts: Sequence[str],
+        max_tokens: int | None,
+        truncate: bool,
+        keep_end: bool = False,
+        first_index: int = 0,
     ) -> list[list[int]]:
         """Texts -> model inputs with special tokens; longer than `max_tokens` (the window when None)
         is an InputTooLong unless `truncate`, which keeps the start (or with `keep_end` the end) of the
-        text and the special tokens."""
+        text and the special tokens. Errors name a text by `first_index` + its place in `texts`."""
         limit = max_tokens or self.window
         room = limit - self.single.num_special_tokens
         if room < 1:
             raise InvalidInput(f"a token limit of {limit} leaves no room for text", "truncate_prompt_tokens")
         sequences = []
-        for index, ids in enumerate(self.content_ids(texts)):
+        for index, ids in enumerate(self.content_ids(texts), first_index):
             if len(ids) > room:
                 if not truncate:
                     raise InputTooLong(index, len(ids) + self.single.num_special_tokens, limit)

@@ -27,7 +27,6 @@ WATCH_INTERVAL_S = 0.2
 STOP_MARGIN_S = 10.0  # beyond the drain grace and the shutdown timeout, before a gateway is killed
 PARENT_CHECK_S = 1.0
 BACKLOG = 2048  # uvicorn's default
-RAYON_NUM_THREADS = "RAYON_NUM_THREADS"  # the size of the tokenizers library's thread pool
 
 
 class GatewaySupervisor:
@@ -118,9 +117,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 def gateway_main(config: ServerConfig, handles: Sequence[ReplicaHandles], index: int) -> None:
     """A spawned gateway's entry: the app over the given replicas, on its own socket of the shared port."""
-    # before the tokenizer's first batch: a large request's texts are tokenized on a pool of this
-    # gateway's share of the cores, not a pool of every core in every gateway
-    os.environ.setdefault(RAYON_NUM_THREADS, str(config.tokenizer_threads))
     from api.app import create_app
     from api.drain import run_server
     from api.server import Server

@@ -90,7 +90,7 @@ class EmbeddingsByType(msgspec.Struct, omit_defaults=True, rename={"float_": "fl
     uint8: list[list[int]] | None = None
     binary: list[list[int]] | None = None
     ubinary: list[list[int]] | None = None
-    base64: list[str] | None = None
+    base64: list[bytes] | None = None  # base64 strings on the wire
 
 
 class EmbedBilledUnits(msgspec.Struct):

@@ -25,7 +25,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 
 class Embedding(msgspec.Struct):
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | bytes  # bytes: base64 on the wire
     object: str = "embedding"
 
 

@@ -1,0 +1,60 @@
+"""RequestHooks: what every request goes through before and after its route, in Litestar's hooks and on
+the hot routes alike: its arrival time, the API key, and on the response's start the x-request-id and
+timing headers and the request's metrics."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from litestar.types import Scope
+
+from api.errors import Unauthorized, request_id_of
+from api.metrics import Metrics
+from api.timing import TIMES, RequestTimes
+
+# every other route needs the API key when one is set, /metrics and /openapi.json included
+OPEN_PATHS = ("/health", "/ready")
+Headers = list[tuple[bytes, bytes]]
+
+
+class RequestHooks:
+    def __init__(self, api_key: str | None, metrics: Metrics):
+        # headers arrive as latin-1 text in Litestar, as bytes here: compared as the key's UTF-8 bytes
+        self.api_key = api_key.encode() if api_key else None
+        self.metrics = metrics
+
+    def arrived(self, scope: Scope) -> None:
+        """The request's clock starts; without a valid key (where one is set) it goes no further."""
+        scope["state"][TIMES] = RequestTimes(time.perf_counter())
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            if not hmac.compare_digest(_given_key(scope["headers"]), self.api_key):
+                raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
+
+    def response_headers(self, scope: Scope, status: int, route: str) -> Headers:
+        """The headers every response adds to its own (none of them is a handler's: appended, not looked
+        up); the request is counted in the metrics under `route`."""
+        now = time.perf_counter()
+        headers = [(b"x-request-id", request_id_of(scope).encode("latin-1"))]
+        times: RequestTimes | None = scope["state"].get(TIMES)
+        if times is None:  # refused before the hooks ran (an unknown route, a body too large)
+            self.metrics.observe_request(route, status, 0.0)
+        else:
+            total_s = now - times.arrived
+            headers += times.headers(total_s)
+            self.metrics.observe_request(route, status, total_s, times.stages())
+        return headers
+
+
+def _given_key(headers: Headers) -> bytes:
+    """The key of `Authorization: Bearer KEY` (the scheme in any case), else of `x-api-key: KEY`."""
+    authorization = api_key = b""
+    for name, value in headers:
+        if name == b"authorization" and not authorization:
+            authorization = value
+        elif name == b"x-api-key" and not api_key:
+            api_key = value
+    scheme, _, key = authorization.strip().partition(b" ")
+    if scheme.lower() == b"bearer":
+        return key.strip()
+    return api_key
