@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from api.ray_serve import serve_on_ray
 
         return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
-    from api.layout import choose_layout, usable_cores
+    from api.layout import choose_layout, tokenizer_threads, usable_cores
     from api.tokenize import TOKENIZERS_PARALLELISM
     from engine.device import resolve_device
     from engine.replicas import replica_count
@@ -250,12 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine_process is False and (num_replicas > 1 or (args.api_workers or 1) > 1):
         print("posy: cannot serve: --engine-process off needs one replica and one gateway", file=sys.stderr)
         return 2
-    layout = choose_layout(device, usable_cores(), num_replicas, args.api_workers, engine_process)
+    cores = usable_cores()
+    layout = choose_layout(device, cores, num_replicas, args.api_workers, engine_process)
     config = dataclasses.replace(
         config,
         api_workers=layout.api_workers,
         engine_process=layout.engine_process,
-        tokenizer_threads=max(1, int(usable_cores() // layout.api_workers)),
+        tokenizer_threads=tokenizer_threads(cores, layout.api_workers),
     )
     where = "in its own process" if layout.engine_process else "in process"
     plural = "es" if layout.api_workers > 1 else ""

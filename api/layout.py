@@ -9,7 +9,10 @@ The rule, on a GPU host (the CPU default stays one process: a laptop's cores are
   process of about 250 MiB (it imports the model's config and tokenizer code), so 7 on 16 cores take
   under 2 GiB.
 JSON, tokenization and HTTP then use several cores, and the engine's thread never waits for the GIL of a
-gateway busy with them."""
+gateway busy with them. A gateway splits a large request's tokenization over its share of the cores, and
+at least a quarter of them (at most MAX_TOKENIZER_THREADS): four clients sending 100 texts each keep four
+gateways tokenizing at once, and on the H200's host 100 texts of 50 words take 5.0 ms on one thread, 2.8
+on two and 1.7 on four."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ MIN_CORES_FOR_GATEWAYS = 6
 CORES_PER_ENGINE = 2  # its batching thread, the thread that reads the gateways, torch's own
 CORES_PER_GATEWAY = 2  # its event loop, and room for the tokenizer and the clients beside it
 MAX_GATEWAYS = 8
+MAX_TOKENIZER_THREADS = 8  # past this, handing out the parts costs more than the parts save
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -30,6 +34,11 @@ class Layout:
     api_workers: int
     engine_process: bool  # the engines run in replica processes rather than in the gateway
     reason: str  # for the start-up summary
+
+
+def tokenizer_threads(cores: float, api_workers: int) -> int:
+    """The threads each gateway splits a large request's tokenization over."""
+    return max(1, min(MAX_TOKENIZER_THREADS, max(int(cores // api_workers), int(cores // 4))))
 
 
 def usable_cores(cgroup: Path = CGROUP) -> float:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from api.layout import MAX_GATEWAYS, choose_layout, usable_cores
+from api.layout import MAX_GATEWAYS, choose_layout, tokenizer_threads, usable_cores
 
 
 def test_cores_are_the_affinity_capped_by_a_cgroup_v2_quota(tmp_path):
@@ -57,3 +57,11 @@ def test_flags_win():
     assert choose_layout("cpu", 2, 1, engine_process=True).engine_process is True
     several = choose_layout("cuda", 2, 1, api_workers=3, engine_process=False)
     assert (several.api_workers, several.engine_process) == (3, True)  # gateways share replica processes
+
+
+@pytest.mark.parametrize(
+    ("cores", "gateways", "threads"),
+    [(2, 1, 2), (16, 7, 4), (16, 1, 8), (8, 3, 2), (64, 8, 8), (1, 1, 1), (0.5, 1, 1)],
+)
+def test_a_large_tokenization_is_split_over_a_quarter_of_the_host_at_least(cores, gateways, threads):
+    assert tokenizer_threads(cores, gateways) == threads
