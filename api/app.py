@@ -57,9 +57,9 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
 
     async def before_send(message: Message, scope: Scope) -> None:
         if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *hooks.response_headers(scope)]
             route = scope["path"] if scope.get("route_handler") is not None else "unmatched"
-            headers = hooks.response_headers(scope, message["status"], route)
-            message["headers"] = [*message.get("headers", ()), *headers]
+            hooks.observe(scope, message["status"], route)
 
     app = PosyApp(
         route_handlers=[

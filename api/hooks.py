@@ -31,19 +31,23 @@ class RequestHooks:
             if not hmac.compare_digest(_given_key(scope["headers"]), self.api_key):
                 raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
 
-    def response_headers(self, scope: Scope, status: int, route: str) -> Headers:
+    def response_headers(self, scope: Scope) -> Headers:
         """The headers every response adds to its own (none of them is a handler's: appended, not looked
-        up); the request is counted in the metrics under `route`."""
-        now = time.perf_counter()
+        up); the request's total time stops here."""
         headers = [(b"x-request-id", request_id_of(scope).encode("latin-1"))]
         times: RequestTimes | None = scope["state"].get(TIMES)
-        if times is None:  # refused before the hooks ran (an unknown route, a body too large)
+        if times is not None:  # None: refused before the hooks ran (an unknown route, a body too large)
+            times.answered = time.perf_counter()
+            headers += times.headers(times.answered - times.arrived)
+        return headers
+
+    def observe(self, scope: Scope, status: int, route: str) -> None:
+        """The answered request in the metrics, under `route` (after response_headers)."""
+        times: RequestTimes | None = scope["state"].get(TIMES)
+        if times is None or times.answered is None:
             self.metrics.observe_request(route, status, 0.0)
         else:
-            total_s = now - times.arrived
-            headers += times.headers(total_s)
-            self.metrics.observe_request(route, status, total_s, times.stages())
-        return headers
+            self.metrics.observe_request(route, status, times.answered - times.arrived, times.stages())
 
 
 def _given_key(headers: Headers) -> bytes:

@@ -62,6 +62,9 @@ class HotRoutes:
             headers += [
                 (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()
             ]
-        headers += self.hooks.response_headers(scope, status, scope["path"])
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        headers += self.hooks.response_headers(scope)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        finally:  # after the answer has gone (uvicorn writes it in send): off the request's path
+            self.hooks.observe(scope, status, scope["path"])

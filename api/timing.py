@@ -16,6 +16,7 @@ STAGES = ("tokenization", "queue", "inference")
 @dataclass(slots=True)
 class RequestTimes:
     arrived: float  # time.perf_counter()
+    answered: float | None = None  # when its response started
     tokenization_s: float | None = None
     queue_s: float | None = None  # of the model's work: the slowest chunk's where a request was split
     inference_s: float | None = None
