@@ -29,9 +29,13 @@ class ServiceRate:
         # the engine's thread
         self.busy_since: float | None = None
 
+    def measures(self, num_tokens: int) -> bool:
+        """Whether a batch of `num_tokens` is large enough to take the rate's time per token."""
+        return num_tokens >= self._min_tokens
+
     def observe(self, num_tokens: int, busy_s: float) -> None:
         """One finished batch (the engine's thread)."""
-        if num_tokens < self._min_tokens or busy_s <= 0:
+        if not self.measures(num_tokens) or busy_s <= 0:
             return
         with self._lock:
             tokens, seconds = self._totals

@@ -64,6 +64,9 @@ class HostRows:
     def __init__(self, rows):
         self.rows = rows
 
+    def ready(self):
+        return True
+
     def result(self):
         return self.rows
 

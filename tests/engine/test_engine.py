@@ -4,6 +4,7 @@ collected, a full queue is Overloaded, failures reach the caller and the engine 
 import asyncio
 import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ from engine.errors import EngineError, Overloaded, SequenceTooLong
 class FakeResult:
     def __init__(self, rows: np.ndarray, log: list, step: int):
         self.rows, self.log, self.step = rows, log, step
+
+    def ready(self) -> bool:
+        return True
 
     def result(self) -> np.ndarray:
         self.log.append(("result", self.step))
@@ -178,3 +182,61 @@ def test_warm_up_reaches_every_kernel_variant():
     assert shape(warm_up_batches(100)) == [[1], [2], [64], [100, 12]]
     assert shape(warm_up_batches(40)) == [[1], [2], [40, 8]]
     assert shape(warm_up_batches(5)) == [[1], [2], [5, 5, 5, 1]]
+
+
+class DeviceResult:
+    """Rows of a step still running on a stand-in device until `done_at` (time.perf_counter)."""
+
+    def __init__(self, rows: np.ndarray, done_at: float, log: list, step: int):
+        self.rows, self.done_at, self.log, self.step = rows, done_at, log, step
+
+    def ready(self) -> bool:
+        return time.perf_counter() >= self.done_at
+
+    def result(self) -> np.ndarray:
+        self.log.append(("result", self.step))
+        time.sleep(max(0.0, self.done_at - time.perf_counter()))
+        return self.rows
+
+
+class DeviceRunner:
+    """Launches return at once; the device runs steps one after another, `seconds_per_token` a token."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, seconds_per_token: float):
+        self.seconds_per_token = seconds_per_token
+        self.log: list = []
+        self.free_at = 0.0
+
+    def step(self, batch: PackedBatch) -> DeviceResult:
+        step = sum(1 for event, _ in self.log if event == "step")
+        self.log.append(("step", step))
+        self.free_at = max(time.perf_counter(), self.free_at) + batch.num_tokens * self.seconds_per_token
+        rows = np.zeros((batch.num_seqs, 2), dtype=np.float32)
+        return DeviceResult(rows, self.free_at, self.log, step)
+
+
+@pytest.mark.parametrize(("num_tokens", "overlaps"), [(32, True), (4, False)])
+def test_work_that_comes_while_a_large_batch_runs_is_launched_behind_it(num_tokens, overlaps):
+    # 32 tokens (of a 64-token budget) take 64 ms on the device: a request 10 ms later is launched while
+    # that batch runs, not after its rows; a 4-token batch (a step's fixed cost) does not wait for it
+    runner = DeviceRunner(seconds_per_token=0.002)
+    engine = make_engine(runner)
+
+    async def main():
+        await engine.run([[1] * 32])  # the engine's first measurement of its speed
+        runner.log.clear()
+        first = asyncio.ensure_future(engine.run([[1] * num_tokens]))
+        await asyncio.sleep(0.01 if overlaps else 0.002)
+        await asyncio.gather(first, engine.run([[2] * num_tokens]))
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+    steps = [(event, step - runner.log[0][1]) for event, step in runner.log]
+    if overlaps:
+        assert steps == [("step", 0), ("step", 1), ("result", 0), ("result", 1)]
+    else:
+        assert steps == [("step", 0), ("result", 0), ("step", 1), ("result", 1)]
