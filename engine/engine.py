@@ -27,12 +27,12 @@ logger = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int, int], None]
 IDLE_WAIT_S = 0.5  # how long the worker waits for work before it looks at the scheduler's state again
-# with a large batch on the device and nothing queued, the worker waits for new work for up to this share
-# of the batch's expected time before it blocks on the batch's rows: work that comes meanwhile is launched
-# behind it, so that the device does not idle between the batches of requests that come one at a time
-# (4 clients of 100 texts). A small batch's time is mostly the fixed cost of a step: work that comes
-# while it runs is better gathered into the next batch than launched alone.
-OVERLAP_WAIT_SHARE = 0.7
+# with a large batch on the device and nothing queued, the worker listens for new work until the batch's
+# rows are ready (looking every OVERLAP_POLL_S) or its expected time is past, and only then blocks on them:
+# work that comes meanwhile is launched behind it, so that the device does not idle between the batches of
+# requests that come one at a time (4 clients of 100 texts). A small batch's time is mostly the fixed
+# cost of a step: work that comes while it runs is better gathered into the next batch than launched alone.
+OVERLAP_POLL_S = 0.0002
 
 
 class Intake(Protocol):
@@ -163,6 +163,8 @@ class Engine:
                 intake.poll(0 if self.scheduler.queued_tokens else wait)
                 batch = self.scheduler.next_batch(timeout=0)
             launched = self._launch(batch) if batch else None
+            if launched is None and in_flight is not None and self._overlap_wait(in_flight) > 0:
+                continue  # nothing came and the batch still runs: listen again
             if launched is not None:
                 self.rate.busy_since = launched.launched_at
             elif in_flight is None:
@@ -175,13 +177,14 @@ class Engine:
                 return
 
     def _overlap_wait(self, in_flight: _InFlight) -> float:
-        """Seconds to wait for new work before blocking on `in_flight`'s rows (see OVERLAP_WAIT_SHARE)."""
+        """Seconds to listen for new work before looking at `in_flight` again; 0: block on its rows now
+        (see OVERLAP_POLL_S)."""
         per_token = self.rate.seconds_per_token
         if per_token is None or not self.rate.measures(in_flight.num_tokens) or in_flight.output.ready():
             return 0.0
         started = max(in_flight.launched_at, self._last_finished)  # on the device after the one before
-        expected_end = started + OVERLAP_WAIT_SHARE * per_token * in_flight.num_tokens
-        return max(0.0, expected_end - time.perf_counter())
+        left = started + per_token * in_flight.num_tokens - time.perf_counter()
+        return min(OVERLAP_POLL_S, left) if left > 0 else 0.0
 
     def _launch(self, batch: list[ScheduledSequence]) -> _InFlight | None:
         launched_at = time.perf_counter()
