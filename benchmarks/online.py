@@ -30,6 +30,7 @@ from benchmarks.records import RunContext, SuiteOutcome, engine_backend
 SERVED_NAME = "bench"
 MIN_COSINE = 0.999  # bf16 against the fp32 reference
 NUM_SPECIAL_TOKENS = 2
+IDLE_BETWEEN_S = 0.001  # about the pause between a batch-1 client's requests, on the engine's side
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +78,20 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     gpu = torch.cuda.get_device_name() if plan.device == "cuda" else None
     records, failures = [], []
 
-    engine_one_ms, engine_rate, backend = engine_figures(checkpoint, plan, one, many[0], options)
+    engine_one_ms, engine_idle_ms, engine_rate, backend = engine_figures(
+        checkpoint, plan, one, many[0], options
+    )
     context = RunContext(options.suite, f"{plan.shape}-shape (random weights)", gpu, backend)
     records += [
         context.record("engine-b1", "latency_p50_ms", engine_one_ms, "ms"),
+        context.record("engine-b1-after-idle", "latency_p50_ms", engine_idle_ms, "ms"),
         context.record(
             f"engine-{plan.many_texts}x{plan.many_tokens}", "tokens_per_s", engine_rate, "tokens/s"
         ),
     ]
     print(
-        f"engine: batch 1 x {plan.one_tokens} p50 {engine_one_ms:.3f} ms; {engine_rate / 1e6:.3f}M tokens/s"
+        f"engine: batch 1 x {plan.one_tokens} p50 {engine_one_ms:.3f} ms ({engine_idle_ms:.3f} after "
+        f"{1000 * IDLE_BETWEEN_S:g} ms idle); {engine_rate / 1e6:.3f}M tokens/s"
     )
 
     baseline = Baseline(checkpoint, plan.device, torch.float32)
@@ -146,9 +151,12 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     return SuiteOutcome(records, failures)
 
 
-def engine_figures(checkpoint, plan: Plan, one: str, many: list[str], options) -> tuple[float, float, str]:
+def engine_figures(
+    checkpoint, plan: Plan, one: str, many: list[str], options
+) -> tuple[float, float, float, str]:
     """The engine's own figures, as the latency and bulk suites take them: batch-1 step to pooled row on
-    the host (p50 ms), and tokens/s at saturation on requests like the throughput case's."""
+    the host (p50 ms; back to back, then each after IDLE_BETWEEN_S of idling), and tokens/s at saturation
+    on requests like the throughput case's."""
     from api.tokenize import TextEncoder
     from benchmarks.timing import timed
     from engine.batch import pack
@@ -170,7 +178,10 @@ def engine_figures(checkpoint, plan: Plan, one: str, many: list[str], options) -
         for _ in range(3):  # eager, capture, replay
             engine.runner.step(pack(sequence)).result()
         repeats = 200 if plan.device == "cuda" else 20
-        samples = timed(lambda: engine.runner.step(pack(sequence)).result(), repeats, plan.device)
+        step = lambda: engine.runner.step(pack(sequence)).result()  # noqa: E731
+        samples = timed(step, repeats, plan.device)
+        # the same after a pause like the one between a client's requests (the engine waits in between)
+        after_idle = timed(step, repeats, plan.device, idle_s=IDLE_BETWEEN_S)
         loop.run_until_complete(saturate())
         seconds = []
         for _ in range(max(3, options.rounds)):
@@ -180,6 +191,7 @@ def engine_figures(checkpoint, plan: Plan, one: str, many: list[str], options) -
         num_tokens = sum(map(len, requests[0])) * len(requests)
         return (
             1000 * statistics.median(samples),
+            1000 * statistics.median(after_idle),
             num_tokens / statistics.median(seconds),
             engine_backend(engine),
         )
@@ -233,7 +245,9 @@ def case_records(
 def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, context: RunContext) -> list:
     rate = plan.overload_factor * saturation
     pid = server_pid(url)
-    run_open_loop(url, bodies, rate, plan.overload_s / 3, plan.overload_senders)  # allocators grow once
+    # the allocators grow once, to what the work in flight holds at the deadline: a window as long as the
+    # measured one first (on the CPU, one gateway grew 100 MiB in a first window of 20 s, < 10 in each next)
+    run_open_loop(url, bodies, rate, plan.overload_s, plan.overload_senders)
     before, each_before = rss_mib(pid), process_rss_mib(pid)
     # memory sampled through the window: in-flight work holds memory while the queue fills up to the
     # deadline, so flat means no growth over the window's second half

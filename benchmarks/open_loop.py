@@ -18,6 +18,9 @@ from benchmarks.raw_http import request_bytes
 
 START_DELAY_S = 1.0
 ANSWER_TIMEOUT_S = 120.0
+# a connection idle this long is not used again: uvicorn closes one idle for 5 s (its keep-alive timeout),
+# and a request written as it closes gets no answer (HTTP clients drop such connections likewise)
+IDLE_REUSE_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +87,16 @@ def _sender(url, path, bodies, rate_per_s, duration_s, start_at, seed, results) 
 async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
     address = urlsplit(url)
     requests = [request_bytes("POST", path, body) for body in bodies]
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []  # with when it was idle
     answers: list[tuple[int, float, str | None]] = []
 
     async def one(request: bytes) -> None:
         started = time.perf_counter()
         try:
+            while idle and idle[0][2] < started - IDLE_REUSE_S:  # the oldest at the bottom
+                idle.pop(0)[1].close()
             if idle:
-                reader, writer = idle.pop()
+                reader, writer, _ = idle.pop()
             else:
                 reader, writer = await asyncio.open_connection(address.hostname, address.port)
             writer.write(request)
@@ -101,7 +106,7 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
             answers.append((0, time.perf_counter() - started, f"{type(error).__name__}: {error}"[:200]))
             return
         answers.append((status, time.perf_counter() - started, retry))
-        idle.append((reader, writer))
+        idle.append((reader, writer, time.perf_counter()))
 
     await asyncio.sleep(max(0.0, start_at - time.time()))
     interval = 1.0 / rate_per_s

@@ -6,14 +6,17 @@ import time
 from collections.abc import Callable
 
 
-def timed(function: Callable[[], object], count: int, device: str) -> list[float]:
-    """`count` samples in seconds; on CUDA the GPU's queued work is finished before and after each."""
+def timed(function: Callable[[], object], count: int, device: str, idle_s: float = 0.0) -> list[float]:
+    """`count` samples in seconds; on CUDA the GPU's queued work is finished before and after each.
+    `idle_s`: host and device sleep this long before each call, as a server's do between requests."""
     import torch
 
     synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     samples = []
     for _ in range(count):
         synchronize()
+        if idle_s:
+            time.sleep(idle_s)
         start = time.perf_counter()
         function()
         synchronize()

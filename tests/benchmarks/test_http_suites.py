@@ -56,6 +56,7 @@ def test_online_smoke_run_records_every_case_beside_the_engine_and_its_stage_tim
     assert outcome.failures == []
     records = by_case_and_metric(outcome)
     engine_b1 = records["engine-b1", "latency_p50_ms"].value
+    assert records["engine-b1-after-idle", "latency_p50_ms"].value > 0
     for case in ("b1-raw", "b1-httpx", "b1-raw-replica", "b1-raw-in-process"):
         p50 = records[case, "latency_p50_ms"]
         assert p50.baseline == engine_b1 and p50.value > engine_b1  # HTTP costs something over the engine
