@@ -61,6 +61,21 @@ class LoadResult:
     def latency_ms(self, percentile: float) -> float:
         return 1000 * float(np.percentile(self.latencies_s, percentile)) if self.latencies_s else 0.0
 
+    @classmethod
+    def joined(cls, results: list[LoadResult]) -> LoadResult:
+        """Several windows of one case as one."""
+        stages: dict[str, list[float]] = {}
+        for result in results:
+            for stage, values in result.stages_ms.items():
+                stages.setdefault(stage, []).extend(values)
+        return cls(
+            [latency for result in results for latency in result.latencies_s],
+            sum(result.num_tokens for result in results),
+            [error for result in results for error in result.errors],
+            sum(result.wall_s for result in results),
+            stages,
+        )
+
     def stage_ms(self, stage: str, percentile: float = 50) -> float | None:
         """A percentile of what the server said a stage took; None where it said nothing."""
         values = self.stages_ms.get(stage)
