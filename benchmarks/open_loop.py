@@ -25,7 +25,8 @@ IDLE_REUSE_S = 4.0
 
 @dataclass(frozen=True, slots=True)
 class OpenLoopResult:
-    answers: list[tuple[int, float, str | None]]  # (status, seconds, Retry-After); status 0: no answer
+    # (status, seconds, Retry-After, the server's x-total-time in ms); status 0: no answer, and why
+    answers: list[tuple[int, float, str | None, float | None]]
     offered_per_s: float
 
     def count(self, status: int) -> int:
@@ -35,6 +36,11 @@ class OpenLoopResult:
         seconds = [answer[1] for answer in self.answers if answer[0] == status]
         return 1000 * float(np.percentile(seconds, percentile)) if seconds else None
 
+    def server_ms(self, status: int, percentile: float) -> float | None:
+        """A percentile of the time the server says it took (x-total-time) for the answers of `status`."""
+        times = [answer[3] for answer in self.answers if answer[0] == status and answer[3] is not None]
+        return float(np.percentile(times, percentile)) if times else None
+
     @property
     def statuses(self) -> set[int]:
         return {answer[0] for answer in self.answers}
@@ -42,11 +48,11 @@ class OpenLoopResult:
     @property
     def failures(self) -> list[str]:
         """Why requests got no answer, as the client saw it."""
-        return [str(why) for status, _, why in self.answers if status == 0]
+        return [str(why) for status, _, why, _ in self.answers if status == 0]
 
     @property
     def num_429_without_retry_after(self) -> int:
-        return sum(status == 429 and not retry for status, _, retry in self.answers)
+        return sum(status == 429 and not retry for status, _, retry, _ in self.answers)
 
 
 def run_open_loop(
@@ -88,7 +94,7 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
     address = urlsplit(url)
     requests = [request_bytes("POST", path, body) for body in bodies]
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []  # with when it was idle
-    answers: list[tuple[int, float, str | None]] = []
+    answers: list[tuple[int, float, str | None, float | None]] = []
 
     async def one(request: bytes) -> None:
         started = time.perf_counter()
@@ -100,12 +106,12 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
             else:
                 reader, writer = await asyncio.open_connection(address.hostname, address.port)
             writer.write(request)
-            status, retry = await asyncio.wait_for(_response(reader), ANSWER_TIMEOUT_S)
+            status, retry, server_ms = await asyncio.wait_for(_response(reader), ANSWER_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as error:
             # no answer: the status is 0 and the third field says why
-            answers.append((0, time.perf_counter() - started, f"{type(error).__name__}: {error}"[:200]))
+            answers.append((0, time.perf_counter() - started, f"{type(error).__name__}: {error}"[:200], None))
             return
-        answers.append((status, time.perf_counter() - started, retry))
+        answers.append((status, time.perf_counter() - started, retry, server_ms))
         idle.append((reader, writer, time.perf_counter()))
 
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -121,7 +127,7 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
     return answers
 
 
-async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None]:
+async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None, float | None]:
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
     lines = head.split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -130,4 +136,5 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, headers.get("retry-after")
+    total = headers.get("x-total-time")
+    return status, headers.get("retry-after"), float(total) if total is not None else None
