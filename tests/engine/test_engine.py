@@ -12,7 +12,7 @@ import torch
 
 from engine.batch import PackedBatch
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.engine import IDLE_SPIN_S, Engine
 from engine.errors import EngineError, Overloaded, SequenceTooLong
 
 
@@ -240,3 +240,39 @@ def test_work_that_comes_while_a_large_batch_runs_is_launched_behind_it(num_toke
         assert steps == [("step", 0), ("step", 1), ("result", 0), ("result", 1)]
     else:
         assert steps == [("step", 0), ("result", 0), ("step", 1), ("result", 1)]
+
+
+class RecordingIntake:
+    """A replica's intake that never has frames: records each poll's (time, timeout)."""
+
+    def __init__(self):
+        self.polls: list[tuple[float, float]] = []
+
+    def poll(self, timeout: float) -> None:
+        self.polls.append((time.perf_counter(), timeout))
+        time.sleep(min(timeout, 0.005))  # a select that saw nothing (shortened: the test stays quick)
+
+    def wake(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("device", "spins"), [("cuda", True), ("cpu", False)])
+def test_a_replica_engine_on_a_gpu_keeps_reading_without_sleeping_for_a_while_after_a_batch(device, spins):
+    runner = FakeRunner()
+    runner.device = torch.device(device)  # no index: the worker leaves the current device alone
+    engine = make_engine(runner)
+    intake = RecordingIntake()
+    engine.attach(intake)
+    try:
+        assert asyncio.run(engine.run([[1, 2, 3]])).tolist() == [[6.0, 3.0]]
+        finished = engine._last_finished
+        time.sleep(IDLE_SPIN_S + 0.03)
+    finally:
+        engine.stop()
+    spinning = [timeout for at, timeout in intake.polls if finished < at < finished + 0.8 * IDLE_SPIN_S]
+    later = [timeout for at, timeout in intake.polls if at > finished + 1.2 * IDLE_SPIN_S]
+    if spins:  # many polls that do not wait, then one that sleeps until work comes
+        assert len(spinning) > 5 and set(spinning) == {0.0}
+    else:
+        assert spinning and 0.0 not in spinning
+    assert later and all(timeout > 0 for timeout in later)
