@@ -139,9 +139,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
             )
             for name, engine_process in layouts.items()
         }
+        window = plan.window_s / HOP_ROUNDS
         for _ in range(HOP_ROUNDS):
             for name, url in urls.items():
-                window = plan.window_s / HOP_ROUNDS
                 rounds[name].append(run_clients(url, [one_bodies], duration_s=window, warmup_s=plan.warmup_s))
     hops = {}
     for name, results in rounds.items():

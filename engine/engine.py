@@ -160,15 +160,18 @@ class Engine:
         in_flight: _InFlight | None = None
         spins = device.type == "cuda"
         while True:
-            # with a batch on the device, wait for new work only as long as _overlap_wait says, then
-            # finish that batch
-            wait = IDLE_WAIT_S if in_flight is None else self._overlap_wait(in_flight)
             intake = self._intake
+            if in_flight is not None:
+                # with a batch on the device, wait for new work only as long as _overlap_wait says, then
+                # finish that batch
+                wait = self._overlap_wait(in_flight)
+            elif intake is not None and spins and time.perf_counter() - self._last_finished < IDLE_SPIN_S:
+                wait = 0.0  # see IDLE_SPIN_S
+            else:
+                wait = IDLE_WAIT_S
             if intake is None:
                 batch = self.scheduler.next_batch(timeout=wait)
             else:
-                if in_flight is None and spins and time.perf_counter() - self._last_finished < IDLE_SPIN_S:
-                    wait = 0.0  # spin: see IDLE_SPIN_S
                 intake.poll(0 if self.scheduler.queued_tokens else wait)
                 batch = self.scheduler.next_batch(timeout=0)
             launched = self._launch(batch) if batch else None
