@@ -23,10 +23,23 @@ ANSWER_TIMEOUT_S = 120.0
 IDLE_REUSE_S = 4.0
 
 
+STAGES = ("tokenization", "queue", "inference")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTimes:
+    """An answer's x-*-time headers (ms)."""
+
+    total: float
+    tokenization: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class OpenLoopResult:
-    # (status, seconds, Retry-After, the server's x-total-time in ms); status 0: no answer, and why
-    answers: list[tuple[int, float, str | None, float | None]]
+    # (status, seconds, Retry-After, the server's timing headers); status 0: no answer, and why
+    answers: list[tuple[int, float, str | None, ServerTimes | None]]
     offered_per_s: float
 
     def count(self, status: int) -> int:
@@ -38,8 +51,22 @@ class OpenLoopResult:
 
     def server_ms(self, status: int, percentile: float) -> float | None:
         """A percentile of the time the server says it took (x-total-time) for the answers of `status`."""
-        times = [answer[3] for answer in self.answers if answer[0] == status and answer[3] is not None]
+        times = [answer[3].total for answer in self.answers if answer[0] == status and answer[3] is not None]
         return float(np.percentile(times, percentile)) if times else None
+
+    def slowest_stages_ms(self, status: int, share: float) -> dict[str, float]:
+        """The server's stages (ms, means) over the slowest `share` of the answers of `status` by its own
+        total, the time outside the three stages as "other": where the tail's time went."""
+        times = sorted(
+            (answer[3] for answer in self.answers if answer[0] == status and answer[3] is not None),
+            key=lambda times: times.total,
+        )
+        tail = times[int(len(times) * (1 - share)) :]
+        if not tail:
+            return {}
+        means = {stage: float(np.mean([getattr(times, stage) for times in tail])) for stage in STAGES}
+        means["other"] = float(np.mean([times.total for times in tail])) - sum(means.values())
+        return means
 
     @property
     def statuses(self) -> set[int]:
@@ -94,7 +121,7 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
     address = urlsplit(url)
     requests = [request_bytes("POST", path, body) for body in bodies]
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []  # with when it was idle
-    answers: list[tuple[int, float, str | None, float | None]] = []
+    answers: list[tuple[int, float, str | None, ServerTimes | None]] = []
 
     async def one(request: bytes) -> None:
         started = time.perf_counter()
@@ -106,12 +133,12 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
             else:
                 reader, writer = await asyncio.open_connection(address.hostname, address.port)
             writer.write(request)
-            status, retry, server_ms = await asyncio.wait_for(_response(reader), ANSWER_TIMEOUT_S)
+            status, retry, times = await asyncio.wait_for(_response(reader), ANSWER_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as error:
             # no answer: the status is 0 and the third field says why
             answers.append((0, time.perf_counter() - started, f"{type(error).__name__}: {error}"[:200], None))
             return
-        answers.append((status, time.perf_counter() - started, retry, server_ms))
+        answers.append((status, time.perf_counter() - started, retry, times))
         idle.append((reader, writer, time.perf_counter()))
 
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -127,7 +154,7 @@ async def _send_all(url, path, bodies, rate_per_s, duration_s, start_at, seed):
     return answers
 
 
-async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None, float | None]:
+async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None, ServerTimes | None]:
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
     lines = head.split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -137,4 +164,7 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, str | None, floa
         headers[name.strip().lower()] = value.strip()
     await reader.readexactly(int(headers.get("content-length", "0")))
     total = headers.get("x-total-time")
-    return status, headers.get("retry-after"), float(total) if total is not None else None
+    if total is None:
+        return status, headers.get("retry-after"), None
+    stages = {stage: float(headers.get(f"x-{stage}-time", "0")) for stage in STAGES}
+    return status, headers.get("retry-after"), ServerTimes(float(total), **stages)
