@@ -1,6 +1,5 @@
 """ServiceRate: how fast an engine works through queued tokens, measured on its own recent batches, so
-that admission can say whether work queued now finishes before its deadline; the tokenizer's threads
-count characters with it likewise. Plain Python, no torch."""
+that admission can say whether work queued now finishes before its deadline. Plain Python, no torch."""
 
 from __future__ import annotations
 

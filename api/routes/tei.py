@@ -50,9 +50,7 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(
-        encoder.encode_off_loop(texts, None, truncate, keep_end, guard.deadline)
-    )
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
     vectors = await guard.run(sequences)
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
