@@ -26,18 +26,15 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         # the current device is per thread and starts at cuda:0: a replica on cuda:1 would load, warm
         # up and capture its graphs on the wrong one (the engine's thread sets it again)
         torch.cuda.set_device(device)
-    hf_config = spec.hf_config
-    num_heads = hf_config.num_attention_heads
-    # a model with sliding-window layers (ModernBERT) needs a backend that takes a window
-    window_of = getattr(lookup(spec.architecture).model_class, "attention_window", None)
+    shape = lookup(spec.architecture, spec.hf_config.model_type).family.backbone.attention_shape(spec)
     backend = select_backend(
         config.attention_backend,
         device,
-        num_heads=num_heads,
-        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
-        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
         dtype=DTYPES[config.dtype],
-        window=window_of(spec) if window_of is not None else None,
+        window=shape.window,
         graphs=config.uses_cuda_graphs,
     )
     model = load_model(spec, device, DTYPES[config.dtype], backend)

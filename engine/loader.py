@@ -16,7 +16,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
-from engine.models.registry import ENCODER_OF_MODEL_TYPE, lookup
+from engine.models.registry import build_model, lookup
 from engine.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -113,13 +113,9 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
         raise UnsupportedModel(f"model {name!r}: cannot read its config.json: {error}") from error
 
     architectures = getattr(hf_config, "architectures", None) or []
-    architecture = architectures[0] if architectures else ""
-    if modules is not None and architecture.endswith(("ForMaskedLM", "ForPreTraining", "ForCausalLM")):
-        # sentence-transformers runs such checkpoints as the bare encoder
-        architecture = ENCODER_OF_MODEL_TYPE.get(hf_config.model_type, architecture)
-    entry = lookup(architecture)
-    task = entry.tasks[0]
-    bidirectional = entry.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
+    entry = lookup(architectures[0] if architectures else "", hf_config.model_type, modules is not None)
+    architecture, task = entry.architecture, entry.task
+    bidirectional = entry.family.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
     if bidirectional and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
     # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
@@ -127,8 +123,7 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
     if modules is not None and task == "embed":
         pooling, normalize = sentence_transformers_pooling(name, folder, modules)
 
-    is_roberta = architecture.startswith(("Roberta", "XLMRoberta"))
-    window = hf_config.max_position_embeddings - (hf_config.pad_token_id + 1 if is_roberta else 0)
+    window = entry.family.backbone.window(hf_config)
     st_config = read_json(transformer_dir / "sentence_bert_config.json") or {}
     if st_config.get("max_seq_length"):
         window = min(window, int(st_config["max_seq_length"]))
@@ -206,9 +201,8 @@ def load_model(
     spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention_backend: AttentionBackend
 ) -> nn.Module:
     """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
-    model_class = lookup(spec.architecture).model_class
     with torch.device("meta"):
-        model = model_class.from_spec(spec, attention_backend)
+        model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill
     model = model.to(dtype).to_empty(device=device)
     started = time.perf_counter()

@@ -16,6 +16,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "silu": nn.SiLU,
     "swish": nn.SiLU,
+    "tanh": nn.Tanh,
 }
 
 

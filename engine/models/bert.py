@@ -1,8 +1,9 @@
-"""Packed BERT, RoBERTa and XLM-RoBERTa encoders: pooled embeddings or sequence-classification logits."""
+"""Packed BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT): a Backbone, each
+variant a record of switches and names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,16 +15,82 @@ from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
 from engine.layers.embed_norm import embed_layer_norm
 from engine.layers.linear_act import LinearActivation
-from engine.layers.pooling import Pooler, cls_pool
+from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
 
-ROBERTA_ARCHITECTURE_PREFIXES = ("Roberta", "XLMRoberta")
+
+# checkpoint module (under a layer) -> ours
+BERT_LAYER_NAMES = {
+    "attention.output.dense": "attention_out",
+    "attention.output.LayerNorm": "attention_norm",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+    "output.LayerNorm": "mlp_norm",
+}
+DISTILBERT_LAYER_NAMES = {
+    "attention.out_lin": "attention_out",
+    "sa_layer_norm": "attention_norm",
+    "ffn.lin1": "up",
+    "ffn.lin2": "down",
+    "output_layer_norm": "mlp_norm",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BertVariant:
+    """What sets a BERT-family checkpoint apart: its embeddings, its names and its heads."""
+
+    # positions start after the padding index (RoBERTa): the table's first pad_token_id + 1 rows are unused
+    positions_after_padding: bool
+    # "each": a token reads its type's row; "first": every token reads row 0; "none": there is no table
+    token_types: str
+    classifier: ClassifierLayout
+    pretraining_heads: tuple[str, ...]  # what an embedder does not read
+    layers: str = "encoder.layer"  # the checkpoint's list of layers
+    layer_names: dict[str, str] = field(default_factory=lambda: BERT_LAYER_NAMES)
+    qkv: tuple[str, ...] = ("attention.self.query", "attention.self.key", "attention.self.value")
+    # config attributes where this variant's config names them otherwise (the rest are BERT's)
+    config_names: dict[str, str] = field(default_factory=dict)
+    layer_norm_eps: float | None = None  # fixed by the variant; None: the config's
+
+
+# BERT's pooler and `cls.*`, RoBERTa's `lm_head.*`
+BERT_PRETRAINING_HEADS = ("pooler.", "cls.", "lm_head.")
+BERT = BertVariant(
+    False, "each", ClassifierLayout(out="classifier", dense="pooler.dense"), BERT_PRETRAINING_HEADS
+)
+# RoBERTa's classifier never reads the pooler that some checkpoints still carry
+ROBERTA = BertVariant(
+    True,
+    "first",
+    ClassifierLayout(out="classifier.out_proj", dense="classifier.dense", ignored=("pooler.",)),
+    BERT_PRETRAINING_HEADS,
+)
+DISTILBERT = BertVariant(
+    False,
+    "none",
+    ClassifierLayout(out="classifier", dense="pre_classifier", activation="relu"),
+    ("vocab_transform.", "vocab_layer_norm.", "vocab_projector."),
+    layers="transformer.layer",
+    layer_names=DISTILBERT_LAYER_NAMES,
+    qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+    config_names={"intermediate_size": "hidden_dim", "hidden_act": "activation"},
+    layer_norm_eps=1e-12,
+)
+VARIANTS = {
+    "bert": BERT,
+    "roberta": ROBERTA,
+    "xlm-roberta": ROBERTA,
+    "camembert": ROBERTA,
+    "distilbert": DISTILBERT,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class BertConfig:
+    variant: BertVariant
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -32,32 +99,36 @@ class BertConfig:
     hidden_act: str
     layer_norm_eps: float
     max_position_embeddings: int
-    type_vocab_size: int
-    is_roberta: bool  # positions offset by pad_token_id + 1, only the type-0 embedding, RoBERTa head names
+    type_vocab_size: int  # 0: no table
     position_offset: int
-    num_labels: int
 
     @classmethod
-    def from_hf(cls, hf_config: Any, architecture: str) -> BertConfig:
+    def from_hf(cls, hf_config: Any) -> BertConfig:
+        model_type = hf_config.model_type
         embedding_type = getattr(hf_config, "position_embedding_type", "absolute")
+        if model_type not in VARIANTS:
+            raise UnsupportedModel(f"model type {model_type!r} is not of the BERT family")
         if embedding_type != "absolute":
-            raise UnsupportedModel(f"{architecture}: unsupported position_embedding_type {embedding_type!r}")
+            raise UnsupportedModel(f"{model_type}: unsupported position_embedding_type {embedding_type!r}")
         if hf_config.hidden_size % hf_config.num_attention_heads:
-            raise UnsupportedModel(f"{architecture}: hidden_size is not a multiple of num_attention_heads")
-        is_roberta = architecture.startswith(ROBERTA_ARCHITECTURE_PREFIXES)
+            raise UnsupportedModel(f"{model_type}: hidden_size is not a multiple of num_attention_heads")
+        variant = VARIANTS[model_type]
+
+        def setting(name: str) -> Any:
+            return getattr(hf_config, variant.config_names.get(name, name))
+
         return cls(
+            variant=variant,
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
             num_layers=hf_config.num_hidden_layers,
             num_heads=hf_config.num_attention_heads,
-            intermediate_size=hf_config.intermediate_size,
-            hidden_act=hf_config.hidden_act,
-            layer_norm_eps=hf_config.layer_norm_eps,
+            intermediate_size=setting("intermediate_size"),
+            hidden_act=setting("hidden_act"),
+            layer_norm_eps=variant.layer_norm_eps or setting("layer_norm_eps"),
             max_position_embeddings=hf_config.max_position_embeddings,
-            type_vocab_size=hf_config.type_vocab_size,
-            is_roberta=is_roberta,
-            position_offset=hf_config.pad_token_id + 1 if is_roberta else 0,
-            num_labels=hf_config.num_labels,
+            type_vocab_size=0 if variant.token_types == "none" else setting("type_vocab_size"),
+            position_offset=hf_config.pad_token_id + 1 if variant.positions_after_padding else 0,
         )
 
 
@@ -66,10 +137,12 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size else None
+        )
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.position_offset = config.position_offset
-        self.use_token_types = not config.is_roberta
+        self.use_token_types = config.variant.token_types == "each"
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
@@ -90,7 +163,7 @@ class BertEmbeddings(nn.Module):
         hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.position_offset)
         if self.use_token_types:
             hidden = hidden + self.token_type_embeddings(token_type_ids)
-        else:
+        elif self.token_type_embeddings is not None:
             hidden = hidden + self.token_type_embeddings.weight[0]
         return self.norm(hidden)
 
@@ -121,31 +194,38 @@ class BertLayer(nn.Module):
         return self.mlp_norm(self.down(self.up(hidden)), hidden)
 
 
-class ClassificationHead(nn.Module):
-    """BERT's pooler (dense + tanh) and classifier, or RoBERTa's classifier: the same shape."""
+class BertBackbone(Backbone):
+    """Embeddings (+ LayerNorm) and post-norm layers; nothing to finish."""
 
-    def __init__(self, hidden_size: int, num_labels: int):
-        super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.out = nn.Linear(hidden_size, num_labels)
-
-    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
-        # [num_seqs, hidden] -> [num_seqs, num_labels]
-        return self.out(torch.tanh(self.dense(first_tokens)))
-
-
-class BertEncoder(nn.Module):
-    """Embeddings and layers; subclasses add the head. The checkpoint name map lives here."""
-
-    checkpoint_prefixes = ("bert.", "roberta.")
-    # checkpoint names (after the prefix) skipped on purpose; a trailing "." skips everything under it
-    ignored_weights: tuple[str, ...] = ("embeddings.position_ids", "embeddings.token_type_ids")
+    checkpoint_prefixes = ("bert.", "roberta.", "distilbert.")
+    ignored_weights = ("embeddings.position_ids", "embeddings.token_type_ids")
+    token_embeddings = "embeddings.word_embeddings.weight"
 
     def __init__(self, config: BertConfig, attention_backend: AttentionBackend):
         super().__init__()
         self.config = config
+        self.hidden_size = config.hidden_size
+        self.pretraining_heads = config.variant.pretraining_heads
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config, attention_backend) for _ in range(config.num_layers))
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:
+        return cls(BertConfig.from_hf(spec.hf_config), attention_backend)
+
+    @classmethod
+    def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        config = BertConfig.from_hf(spec.hf_config)
+        return AttentionShape(config.num_heads, config.num_heads, config.hidden_size // config.num_heads)
+
+    @classmethod
+    def window(cls, hf_config: Any) -> int:
+        """The longest sequence the position table holds, past the rows before the first position."""
+        config = BertConfig.from_hf(hf_config)
+        return config.max_position_embeddings - config.position_offset
+
+    def classifier_layout(self) -> ClassifierLayout:
+        return self.config.variant.classifier
 
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden]
@@ -155,82 +235,18 @@ class BertEncoder(nn.Module):
         return hidden
 
     def weight_map(self) -> WeightTargets:
-        """Every checkpoint tensor the model needs -> where it goes."""
-        hidden_size = self.config.hidden_size
+        variant = self.config.variant
+        modules = {f"embeddings.{table}": f"embeddings.{table}" for table in EMBEDDING_TABLES}
+        if self.embeddings.token_type_embeddings is None:
+            del modules["embeddings.token_type_embeddings"]
+        modules["embeddings.LayerNorm"] = "embeddings.norm"
         targets: WeightTargets = {}
-        for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-            targets[f"embeddings.{table}.weight"] = (f"embeddings.{table}.weight", None)
-        for leaf in ("weight", "bias"):
-            targets[f"embeddings.LayerNorm.{leaf}"] = (f"embeddings.norm.{leaf}", None)
-        layer_names = {
-            "attention.output.dense": "attention_out",
-            "attention.output.LayerNorm": "attention_norm",
-            "intermediate.dense": "up",
-            "output.dense": "down",
-            "output.LayerNorm": "mlp_norm",
-        }
-        fused = {"query": 0, "key": 1, "value": 2}
         for index in range(self.config.num_layers):
-            source, target = f"encoder.layer.{index}.", f"layers.{index}."
-            for leaf in ("weight", "bias"):
-                for checkpoint_name, module in layer_names.items():
-                    targets[f"{source}{checkpoint_name}.{leaf}"] = (f"{target}{module}.{leaf}", None)
-                for projection, shard in fused.items():
-                    rows = slice(shard * hidden_size, (shard + 1) * hidden_size)
-                    targets[f"{source}attention.self.{projection}.{leaf}"] = (f"{target}qkv.{leaf}", rows)
-        return targets
+            source, target = f"{variant.layers}.{index}.", f"layers.{index}."
+            modules.update({source + name: target + module for name, module in variant.layer_names.items()})
+            projections = {source + name: self.config.hidden_size for name in variant.qkv}
+            targets.update(self.fused_targets(f"{target}qkv", projections))
+        return {**self.module_targets(modules), **targets}
 
 
-class BertEmbedder(BertEncoder):
-    """BertModel / RobertaModel / XLMRobertaModel: pooled, optionally normalized, float32 vectors."""
-
-    # pretraining heads (BERT's pooler and `cls.*`, RoBERTa's `lm_head.*`) play no part in embeddings
-    ignored_weights = (*BertEncoder.ignored_weights, "pooler.", "cls.", "lm_head.")
-
-    def __init__(self, config: BertConfig, attention_backend: AttentionBackend, pooler: Pooler):
-        super().__init__(config, attention_backend)
-        self.pooler = pooler
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertEmbedder:
-        config = BertConfig.from_hf(spec.hf_config, spec.architecture)
-        return cls(config, attention_backend, Pooler(spec.pooling, spec.normalize))
-
-    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, hidden] float32
-        if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-        return self.pooler(self.encode(batch, meta), meta)
-
-
-class BertClassifier(BertEncoder):
-    """*ForSequenceClassification (cross-encoders): logits from the first token, float32."""
-
-    def __init__(self, config: BertConfig, attention_backend: AttentionBackend):
-        super().__init__(config, attention_backend)
-        self.head = ClassificationHead(config.hidden_size, config.num_labels)
-        if config.is_roberta:
-            # RoBERTa's classifier never reads the pooler some checkpoints still carry
-            self.ignored_weights = (*BertEncoder.ignored_weights, "pooler.")
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertClassifier:
-        return cls(BertConfig.from_hf(spec.hf_config, spec.architecture), attention_backend)
-
-    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
-        if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-        return self.head(cls_pool(self.encode(batch, meta), meta)).float()
-
-    def weight_map(self) -> WeightTargets:
-        head = (
-            {"classifier.dense": "head.dense", "classifier.out_proj": "head.out"}
-            if self.config.is_roberta
-            else {"pooler.dense": "head.dense", "classifier": "head.out"}
-        )
-        targets = super().weight_map()
-        for leaf in ("weight", "bias"):
-            for checkpoint_name, module in head.items():
-                targets[f"{checkpoint_name}.{leaf}"] = (f"{module}.{leaf}", None)
-        return targets
+EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")

@@ -1,5 +1,5 @@
-"""Packed ModernBERT encoders: pooled embeddings (ModernBertModel, and *ForMaskedLM run as the bare
-encoder) or sequence-classification logits (ModernBertForSequenceClassification)."""
+"""Packed ModernBERT: a Backbone (ModernBertModel, and *ForMaskedLM run as the bare encoder; its
+classifier's layout for ModernBertForSequenceClassification)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from engine.attention import AttentionBackend, AttentionMetadata, varlen_attenti
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
-from engine.layers.pooling import Pooler, cls_pool, mean_pool
 from engine.layers.rotary import apply_rotary, rope_theta, rotary_tables
+from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
@@ -49,7 +49,6 @@ class ModernBertConfig:
     classifier_pooling: str
     classifier_bias: bool
     classifier_activation: str
-    num_labels: int
 
     @property
     def num_layers(self) -> int:
@@ -90,7 +89,6 @@ class ModernBertConfig:
             classifier_pooling=pooling,
             classifier_bias=getattr(hf_config, "classifier_bias", False),
             classifier_activation=getattr(hf_config, "classifier_activation", "gelu"),
-            num_labels=hf_config.num_labels,
         )
 
     def layer_norm(self) -> nn.LayerNorm:
@@ -133,31 +131,17 @@ class ModernBertLayer(nn.Module):
         return hidden + self.down(self.act(up) * gate)
 
 
-class ModernBertHead(nn.Module):
-    """The classification head: dense, activation, LayerNorm, then the classifier."""
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
-        self.act = get_activation(config.classifier_activation)
-        self.norm = config.layer_norm()
-        self.out = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        # [num_seqs, hidden] -> [num_seqs, num_labels]
-        return self.out(self.norm(self.act(self.dense(pooled))))
-
-
-class ModernBertEncoder(nn.Module):
-    """Embeddings, layers and the final norm; subclasses add the head. The checkpoint name map lives here."""
+class ModernBertBackbone(Backbone):
+    """Embeddings (+ LayerNorm) and pre-norm layers; the final norm is what it finishes with."""
 
     checkpoint_prefixes = ("model.",)
-    # checkpoint names (after the prefix) skipped on purpose; a trailing "." skips everything under it
-    ignored_weights: tuple[str, ...] = ()
+    pretraining_heads = ("head.", "decoder.")  # the masked-LM head
+    token_embeddings = "embeddings.tok_embeddings.weight"
 
     def __init__(self, config: ModernBertConfig, attention_backend: AttentionBackend):
         super().__init__()
         self.config = config
+        self.hidden_size = config.hidden_size
         self.head_dim = config.hidden_size // config.num_heads
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embedding_norm = config.layer_norm()
@@ -166,15 +150,36 @@ class ModernBertEncoder(nn.Module):
         )
         self.final_norm = config.layer_norm()
 
-    @staticmethod
-    def attention_window(spec: ModelSpec) -> tuple[int, int] | None:
-        """The sliding layers' window, for choosing an attention backend that has one."""
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> ModernBertBackbone:
+        return cls(ModernBertConfig.from_hf(spec.hf_config, spec.architecture), attention_backend)
+
+    @classmethod
+    def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        """With the sliding layers' window, for choosing an attention backend that has one."""
         config = ModernBertConfig.from_hf(spec.hf_config, spec.architecture)
+        head_dim = config.hidden_size // config.num_heads
         has_sliding = "sliding_attention" in config.layer_types
-        return (config.half_window, config.half_window) if has_sliding else None
+        window = (config.half_window, config.half_window) if has_sliding else None
+        return AttentionShape(config.num_heads, config.num_heads, head_dim, window)
+
+    def classifier_layout(self) -> ClassifierLayout:
+        """Dense, activation and LayerNorm; pooled from the first token or the mean of the tokens, as the
+        config's classifier_pooling says."""
+        config = self.config
+        return ClassifierLayout(
+            out="classifier",
+            dense="head.dense",
+            activation=config.classifier_activation,
+            dense_bias=config.classifier_bias,
+            norm="head.norm",
+            norm_eps=config.norm_eps,
+            norm_bias=config.norm_bias,
+            pooling=config.classifier_pooling,
+        )
 
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden], final-normed
+        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm
         hidden = self.embedding_norm(self.embeddings(batch.input_ids))
         # one cos/sin table per layer type, shared by its layers; computed here, not kept in buffers,
         # since the loader fills only parameters
@@ -184,7 +189,10 @@ class ModernBertEncoder(nn.Module):
         }
         for layer in self.layers:
             hidden = layer(hidden, rotary[layer.layer_type], meta)
-        return self.final_norm(hidden)
+        return hidden
+
+    def finish(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.final_norm(rows)
 
     def weight_map(self) -> WeightTargets:
         """Every checkpoint tensor the model needs -> where it goes; a module without a bias (per the
@@ -194,63 +202,4 @@ class ModernBertEncoder(nn.Module):
             for checkpoint_name, module in LAYER_NAMES.items():
                 modules[f"layers.{index}.{checkpoint_name}"] = f"layers.{index}.{module}"
         modules["final_norm"] = "final_norm"
-        return self.targets(modules)
-
-    def targets(self, modules: dict[str, str]) -> WeightTargets:
-        """checkpoint module -> our module, expanded to one entry per parameter our module has."""
-        targets: WeightTargets = {}
-        for checkpoint_name, module in modules.items():
-            for leaf, _ in self.get_submodule(module).named_parameters(recurse=False):
-                targets[f"{checkpoint_name}.{leaf}"] = (f"{module}.{leaf}", None)
-        return targets
-
-
-class ModernBertEmbedder(ModernBertEncoder):
-    """ModernBertModel (and *ForMaskedLM as sentence-transformers runs it): pooled, optionally
-    normalized, float32 vectors."""
-
-    # the masked-LM head plays no part in embeddings
-    ignored_weights = ("head.", "decoder.")
-
-    def __init__(self, config: ModernBertConfig, attention_backend: AttentionBackend, pooler: Pooler):
-        super().__init__(config, attention_backend)
-        self.pooler = pooler
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> ModernBertEmbedder:
-        config = ModernBertConfig.from_hf(spec.hf_config, spec.architecture)
-        return cls(config, attention_backend, Pooler(spec.pooling, spec.normalize))
-
-    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, hidden] float32
-        if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-        return self.pooler(self.encode(batch, meta), meta)
-
-
-class ModernBertClassifier(ModernBertEncoder):
-    """ModernBertForSequenceClassification (cross-encoders): logits from the first token or the mean
-    of the tokens, per the config's classifier_pooling, float32."""
-
-    def __init__(self, config: ModernBertConfig, attention_backend: AttentionBackend):
-        super().__init__(config, attention_backend)
-        self.head = ModernBertHead(config)
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> ModernBertClassifier:
-        return cls(ModernBertConfig.from_hf(spec.hf_config, spec.architecture), attention_backend)
-
-    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
-        if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-        hidden = self.encode(batch, meta)
-        if self.config.classifier_pooling == "mean":
-            pooled = mean_pool(hidden, meta).to(hidden.dtype)
-        else:
-            pooled = cls_pool(hidden, meta)
-        return self.head(pooled).float()
-
-    def weight_map(self) -> WeightTargets:
-        head = {"head.dense": "head.dense", "head.norm": "head.norm", "classifier": "head.out"}
-        return {**super().weight_map(), **self.targets(head)}
+        return self.module_targets(modules)

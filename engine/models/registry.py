@@ -1,73 +1,131 @@
-"""HF architecture name -> our model class, its tasks, and its pooling when the model ships none."""
+"""Which Backbone and head serve a checkpoint: its config's model_type names the family (aliases share
+one), its architecture's name the head; and the family's pooling where the model ships none."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+from engine.attention import AttentionBackend
 from engine.errors import UnsupportedModel
-from engine.models.bert import BertClassifier, BertEmbedder
-from engine.models.modernbert import ModernBertClassifier, ModernBertEmbedder
-from engine.models.qwen3 import Qwen3Embedder, Qwen3Judge
+from engine.layers.pooling import Pooler
+from engine.models.backbone import Backbone
+from engine.models.bert import BertBackbone
+from engine.models.decoder import DecoderBackbone
+from engine.models.heads import Classifier, Embedder, Judge, judge_token_ids
+from engine.models.modernbert import ModernBertBackbone
+
+if TYPE_CHECKING:
+    from engine.loader import ModelSpec
+
+# the head an architecture's name ends in: "embed" pools the bare model, "classify" is a
+# sequence-classification head (cross-encoders), "judge" a causal LM's yes/no logits (rerankers)
+HEAD_SUFFIXES = {"Model": "embed", "ForSequenceClassification": "classify", "ForCausalLM": "judge"}
+# sentence-transformers runs checkpoints of these heads as the bare model (e.g. "BertForMaskedLM", or
+# Qwen3-Embedding's "Qwen3ForCausalLM")
+RUN_BARE = ("ForMaskedLM", "ForPreTraining", "ForCausalLM")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    backbone: type[Backbone]
+    heads: tuple[str, ...]
+    pooling: str  # an embedder's when the model ships no sentence-transformers pooling config
+    # a decoder (causal by default), and whether its embedder may run bidirectionally (pplx-embed style)
+    # when its config says `is_causal: false` or the server is started with --bidirectional
+    decoder: bool = False
+    can_be_bidirectional: bool = False
+    # how rerank lays out a (query, document) pair for its judge: "qwen3-judge" is Qwen3-Reranker's
+    # chat prompt asking for yes or no
+    judge_format: str = "pair"
+
+
+BERT = Family(BertBackbone, ("embed", "classify"), pooling="mean")
+MODERNBERT = Family(ModernBertBackbone, ("embed", "classify"), pooling="mean")
+# Qwen3-Embedding: last token (its tokenizer appends <|endoftext|>); Qwen3-Reranker ships as a bare
+# causal LM (no sentence-transformers files): P("yes") of its judgment
+QWEN3 = Family(
+    DecoderBackbone,
+    ("embed", "judge"),
+    "last",
+    decoder=True,
+    can_be_bidirectional=True,
+    judge_format="qwen3-judge",
+)
+# model_type -> its family and the architecture name of its bare model
+MODEL_TYPES: dict[str, tuple[Family, str]] = {
+    "bert": (BERT, "BertModel"),
+    "roberta": (BERT, "RobertaModel"),
+    "xlm-roberta": (BERT, "XLMRobertaModel"),
+    "camembert": (BERT, "CamembertModel"),
+    "distilbert": (BERT, "DistilBertModel"),
+    "modernbert": (MODERNBERT, "ModernBertModel"),
+    "qwen3": (QWEN3, "Qwen3Model"),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
-    model_class: type[nn.Module]  # has from_spec(spec, attention_backend), weight_map(), ignored_weights
-    tasks: tuple[str, ...]  # "embed" and/or "score"
-    pooling: str  # default when the model ships no sentence-transformers pooling config
-    normalize: bool
-    # how rerank lays out a (query, document) pair: "pair" is the tokenizer's own pair template
-    # ([CLS] q [SEP] d [SEP]); "qwen3-judge" is Qwen3-Reranker's chat prompt asking for yes or no
-    pair_format: str = "pair"
-    # a decoder (causal by default), and whether it may run bidirectionally (pplx-embed style) when
-    # its config says `is_causal: false` or the server is started with --bidirectional
-    decoder: bool = False
-    can_be_bidirectional: bool = False
+    family: Family
+    architecture: str  # as served: the bare model's name where sentence-transformers runs it bare
+    head: str
+
+    @property
+    def task(self) -> str:
+        return "embed" if self.head == "embed" else "score"
+
+    @property
+    def pooling(self) -> str:
+        # a cross-encoder's head reads the first token (<s> or [CLS]), a judge the last
+        return {"embed": self.family.pooling, "classify": "cls", "judge": "last"}[self.head]
+
+    @property
+    def normalize(self) -> bool:  # logits are never normalized
+        return self.head == "embed"
+
+    @property
+    def pair_format(self) -> str:
+        return self.family.judge_format if self.head == "judge" else "pair"
+
+    @property
+    def can_be_bidirectional(self) -> bool:
+        return self.family.can_be_bidirectional and self.head == "embed"
 
 
-EMBEDDER = ModelEntry(BertEmbedder, tasks=("embed",), pooling="mean", normalize=True)
-# a cross-encoder's head reads the first token (<s> or [CLS]); its logits are never normalized
-CROSS_ENCODER = ModelEntry(BertClassifier, tasks=("score",), pooling="cls", normalize=False)
-MODERNBERT_EMBEDDER = ModelEntry(ModernBertEmbedder, tasks=("embed",), pooling="mean", normalize=True)
-# its head pools as the config's classifier_pooling says ("cls" or "mean")
-MODERNBERT_CROSS_ENCODER = ModelEntry(ModernBertClassifier, tasks=("score",), pooling="cls", normalize=False)
-# Qwen3-Embedding: last token (its tokenizer appends <|endoftext|>), normalized; bidirectional: mean
-QWEN3_EMBEDDER = ModelEntry(
-    Qwen3Embedder, ("embed",), pooling="last", normalize=True, decoder=True, can_be_bidirectional=True
-)
-# Qwen3-Reranker ships as a bare causal LM (no sentence-transformers files): P("yes") of its judgment
-QWEN3_JUDGE = ModelEntry(
-    Qwen3Judge, ("score",), pooling="last", normalize=False, pair_format="qwen3-judge", decoder=True
-)
-
-ARCHITECTURES: dict[str, ModelEntry] = {
-    "BertModel": EMBEDDER,
-    "RobertaModel": EMBEDDER,
-    "XLMRobertaModel": EMBEDDER,
-    "BertForSequenceClassification": CROSS_ENCODER,
-    "RobertaForSequenceClassification": CROSS_ENCODER,
-    "XLMRobertaForSequenceClassification": CROSS_ENCODER,
-    "ModernBertModel": MODERNBERT_EMBEDDER,
-    "ModernBertForSequenceClassification": MODERNBERT_CROSS_ENCODER,
-    "Qwen3Model": QWEN3_EMBEDDER,
-    "Qwen3ForCausalLM": QWEN3_JUDGE,
-}
-
-# sentence-transformers loads any checkpoint of these model types as the bare encoder (e.g. "BertForMaskedLM",
-# or Qwen3-Embedding's "Qwen3ForCausalLM")
-ENCODER_OF_MODEL_TYPE = {
-    "bert": "BertModel",
-    "roberta": "RobertaModel",
-    "xlm-roberta": "XLMRobertaModel",
-    "modernbert": "ModernBertModel",
-    "qwen3": "Qwen3Model",
-}
+def lookup(architecture: str, model_type: str, sentence_transformers: bool = False) -> ModelEntry:
+    """The family and head of a checkpoint; `sentence_transformers`: its folder has modules.json."""
+    if model_type in MODEL_TYPES:
+        family, bare = MODEL_TYPES[model_type]
+        prefix = bare.removesuffix("Model")
+        if sentence_transformers and architecture.startswith(prefix) and architecture.endswith(RUN_BARE):
+            architecture = bare
+        head = (
+            HEAD_SUFFIXES.get(architecture.removeprefix(prefix)) if architecture.startswith(prefix) else None
+        )
+        if head in family.heads:
+            return ModelEntry(family, architecture, head)
+    raise UnsupportedModel(
+        f"architecture {architecture!r} is not supported; supported: {', '.join(supported())}"
+    )
 
 
-def lookup(architecture: str) -> ModelEntry:
-    if architecture not in ARCHITECTURES:
-        known = ", ".join(ARCHITECTURES)
-        raise UnsupportedModel(f"architecture {architecture!r} is not supported; supported: {known}")
-    return ARCHITECTURES[architecture]
+def supported() -> list[str]:
+    names = []
+    for family, bare in MODEL_TYPES.values():
+        prefix = bare.removesuffix("Model")
+        names += [prefix + suffix for suffix, head in HEAD_SUFFIXES.items() if head in family.heads]
+    return names
+
+
+def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Module:
+    """The spec's backbone under its head (on the current default device; weights not loaded)."""
+    entry = lookup(spec.architecture, spec.hf_config.model_type)
+    backbone = entry.family.backbone.from_spec(spec, attention_backend)
+    if entry.head == "embed":
+        return Embedder(backbone, Pooler(spec.pooling, spec.normalize))
+    if entry.head == "classify":
+        return Classifier(backbone, backbone.classifier_layout(), spec.hf_config.num_labels)
+    tied = bool(getattr(spec.hf_config, "tie_word_embeddings", False))
+    return Judge(backbone, judge_token_ids(spec), tied)

@@ -175,7 +175,7 @@ def test_a_window_one_key_off_fails_parity(tmp_path, off_by):
     """The parity above pins the window: one key more or fewer on each side breaks it."""
     reference = save_random_model(tmp_path, tiny_config("ModernBertModel"))
     _, model = load(tmp_path)
-    sliding = [layer for layer in model.layers if layer.window is not None]
+    sliding = [layer for layer in model.backbone.layers if layer.window is not None]
     assert [layer.window for layer in sliding] == [(LOCAL_ATTENTION // 2,) * 2]
     for layer in sliding:
         layer.window = (LOCAL_ATTENTION // 2 + off_by,) * 2

@@ -1,4 +1,4 @@
-"""Tiny random RoBERTa and XLM-RoBERTa vs transformers: mean-pooled vectors and logits, fp32."""
+"""Tiny random RoBERTa, XLM-RoBERTa and CamemBERT vs transformers: mean-pooled vectors and logits, fp32."""
 
 import pytest
 import torch
@@ -13,12 +13,17 @@ from engine.loader import load_model, resolve_model
 SEQLENS = [2, 17, 5, 40, 1 + 2, 64, 9]  # with <s> and </s>; 64 is the window
 LOGIT_TOLERANCE = 1e-4
 COSINE_TOLERANCE = 0.9999
+PREFIXES = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
 
 
 def tiny_config(family, architecture, num_labels=1):
     import transformers
 
-    config_classes = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig}
+    config_classes = {
+        "roberta": transformers.RobertaConfig,
+        "xlm-roberta": transformers.XLMRobertaConfig,
+        "camembert": transformers.CamembertConfig,
+    }
     return config_classes[family](
         vocab_size=1000,
         hidden_size=64,
@@ -63,11 +68,11 @@ def padded(sequences):
     return input_ids, attention_mask
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "camembert"])
 def test_encoder_matches_transformers(tmp_path, family):
     import transformers
 
-    prefix = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[family]
+    prefix = PREFIXES[family]
     reference = save_random_model(
         tmp_path, getattr(transformers, f"{prefix}Model"), tiny_config(family, f"{prefix}Model")
     )
@@ -84,11 +89,11 @@ def test_encoder_matches_transformers(tmp_path, family):
     assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "camembert"])
 def test_classifier_matches_transformers(tmp_path, family):
     import transformers
 
-    prefix = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[family]
+    prefix = PREFIXES[family]
     architecture = f"{prefix}ForSequenceClassification"
     config = tiny_config(family, architecture, num_labels=3)
     reference = save_random_model(tmp_path, getattr(transformers, architecture), config)

@@ -46,10 +46,12 @@ def test_add_layer_norm(interpreted, hidden):
     assert relative_error(got.detach(), expected.detach()) <= 1e-5
 
 
-@pytest.mark.parametrize(("with_types", "offset"), [(True, 0), (False, 2)])
+@pytest.mark.parametrize(("with_types", "offset"), [(True, 0), (False, 2), (None, 0)])
 def test_embed_layer_norm(interpreted, with_types, offset):
+    """with_types None: a model without a type table (DistilBERT)."""
     generator = torch.Generator().manual_seed(offset)
-    word, position, token_type = nn.Embedding(50, 96), nn.Embedding(40, 96), nn.Embedding(2, 96)
+    word, position = nn.Embedding(50, 96), nn.Embedding(40, 96)
+    token_type = nn.Embedding(2, 96) if with_types is not None else None
     norm = nn.LayerNorm(96, eps=1e-12)
     ids = torch.randint(0, 50, (30,), generator=generator)
     positions = torch.randint(0, 30, (30,), generator=generator)
@@ -58,7 +60,8 @@ def test_embed_layer_norm(interpreted, with_types, offset):
         tables = (word, position, token_type, norm)
         got = embed_norm.embed_layer_norm(ids, positions, types, *tables, offset, embed_norm._triton_kernel())
         total = word(ids) + position(positions + offset)
-        total = total + (token_type(types) if with_types else token_type.weight[0])
+        if token_type is not None:
+            total = total + (token_type(types) if with_types else token_type.weight[0])
         expected = norm(total)
     assert got is not None and relative_error(got, expected) <= 1e-5
 

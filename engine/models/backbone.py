@@ -1,0 +1,109 @@
+"""Backbone: what every packed model family is to the heads (engine/models/heads.py) and to the engine: a
+PackedBatch in, one hidden row a token out, its attention shape, and where its checkpoint's tensors go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.batch import PackedBatch
+from engine.errors import UnsupportedModel
+
+if TYPE_CHECKING:
+    from engine.loader import ModelSpec, WeightTargets
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What choosing an attention backend needs to know of a model."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: tuple[int, int] | None = None  # of its sliding-window layers, where it has any
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierLayout:
+    """A family's sequence-classification head, by its checkpoint module names: pool, then
+    [dense, activation, [LayerNorm]], then the output projection."""
+
+    out: str
+    dense: str | None = None
+    activation: str = "tanh"
+    dense_bias: bool = True
+    norm: str | None = None
+    norm_eps: float = 1e-5
+    norm_bias: bool = True
+    out_bias: bool = True
+    pooling: str = "cls"
+    ignored: tuple[str, ...] = ()  # checkpoint names beside the head that it does not read
+
+
+class Backbone(nn.Module):
+    """A family's embeddings and layers. `encode` gives the hidden states of every token before
+    `finish`, a row-wise closing step (the final norm, or nothing), so that a head that reads one row
+    a sequence finishes only those rows. Checkpoint names are relative to the backbone, after one of
+    `checkpoint_prefixes`; `ignored_weights` are skipped on purpose (a trailing "." skips everything
+    under it) and `pretraining_heads` are what an embedder does not read."""
+
+    checkpoint_prefixes: tuple[str, ...] = ()
+    ignored_weights: tuple[str, ...] = ()
+    pretraining_heads: tuple[str, ...] = ()
+    # the checkpoint name of the token embedding table, which a tied LM head shares
+    token_embeddings: ClassVar[str] = ""
+    hidden_size: int
+    # what the family's switches and the config make of the model: a variant, norms' eps, biases, ...
+    config: Any
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> Backbone:
+        raise NotImplementedError
+
+    @classmethod
+    def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        raise NotImplementedError
+
+    @classmethod
+    def window(cls, hf_config: Any) -> int:
+        """The longest sequence the model takes, special tokens included."""
+        return hf_config.max_position_embeddings
+
+    def classifier_layout(self) -> ClassifierLayout:
+        raise UnsupportedModel(f"{type(self).__name__} has no sequence-classification head")
+
+    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden], before `finish`
+        raise NotImplementedError
+
+    def finish(self, rows: torch.Tensor) -> torch.Tensor:
+        # [n, hidden] -> [n, hidden], row by row
+        return rows
+
+    def weight_map(self) -> WeightTargets:
+        """Every checkpoint tensor the backbone needs -> its parameter."""
+        raise NotImplementedError
+
+    def module_targets(self, modules: dict[str, str]) -> WeightTargets:
+        """checkpoint module -> our module, one entry per parameter our module has (a module built
+        without a bias takes none)."""
+        targets: WeightTargets = {}
+        for checkpoint_name, module in modules.items():
+            for leaf, _ in self.get_submodule(module).named_parameters(recurse=False):
+                targets[f"{checkpoint_name}.{leaf}"] = (f"{module}.{leaf}", None)
+        return targets
+
+    def fused_targets(self, module: str, parts: dict[str, int]) -> WeightTargets:
+        """Checkpoint projections (name -> output rows) that fill one fused module in their order: QKV,
+        gate and up."""
+        targets: WeightTargets = {}
+        start = 0
+        for checkpoint_name, rows in parts.items():
+            for leaf, _ in self.get_submodule(module).named_parameters(recurse=False):
+                targets[f"{checkpoint_name}.{leaf}"] = (f"{module}.{leaf}", slice(start, start + rows))
+            start += rows
+        return targets

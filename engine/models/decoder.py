@@ -1,0 +1,192 @@
+"""Packed decoders (Qwen3): a Backbone, causal (Qwen3-Embedding, Qwen3-Reranker's judge) or
+bidirectional (pplx-embed style)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
+from engine.batch import PackedBatch
+from engine.errors import UnsupportedModel
+from engine.layers.qk_norm_rotary import QKNormRotary
+from engine.layers.rms_norm import AddRMSNorm, rms_norm
+from engine.layers.rotary import rope_theta, rotary_tables
+from engine.layers.swiglu import silu_and_mul
+from engine.models.backbone import AttentionShape, Backbone
+
+if TYPE_CHECKING:
+    from engine.loader import ModelSpec, WeightTargets
+
+MODEL_TYPES = ("qwen3",)
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+    causal: bool
+
+    @classmethod
+    def from_hf(cls, hf_config: Any, causal: bool) -> DecoderConfig:
+        if hf_config.model_type not in MODEL_TYPES:
+            raise UnsupportedModel(f"model type {hf_config.model_type!r} is not a packed decoder")
+        if getattr(hf_config, "use_sliding_window", False):
+            raise UnsupportedModel("Qwen3 with sliding-window layers is not supported")
+        if hf_config.hidden_act not in ("silu", "swish"):
+            raise UnsupportedModel(f"Qwen3 with hidden_act {hf_config.hidden_act!r} is not supported")
+        num_heads = hf_config.num_attention_heads
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+            intermediate_size=hf_config.intermediate_size,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            rope_theta=rope_theta(hf_config),
+            attention_bias=bool(getattr(hf_config, "attention_bias", False)),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            causal=causal,
+        )
+
+
+class DecoderAttention(nn.Module):
+    """Fused QKV projection, per-head RMSNorm of queries and keys with rotary (one kernel on CUDA),
+    grouped-query attention."""
+
+    def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
+        super().__init__()
+        self.causal = config.causal
+        self.attention_backend = attention_backend
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.qk_norm_rotary = QKNormRotary(
+            config.num_heads, config.num_kv_heads, config.head_dim, config.rms_norm_eps
+        )
+        out_size = config.num_heads * config.head_dim
+        self.out = nn.Linear(out_size, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        # [num_tokens, hidden] -> [num_tokens, hidden]
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qk_norm_rotary(self.qkv(hidden), cos, sin)
+        attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
+        return self.out(attention.reshape(num_tokens, -1))
+
+
+class DecoderMLP(nn.Module):
+    """SwiGLU: gate and up projections as one GEMM, SiLU(gate) * up as one kernel on CUDA."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [num_tokens, hidden] -> [num_tokens, hidden]
+        return self.down(silu_and_mul(self.gate_up(hidden)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; each norm also adds the residual stream, which it hands on."""
+
+    def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
+        super().__init__()
+        self.attention_norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = DecoderAttention(config, attention_backend)
+        self.mlp_norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DecoderMLP(config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # [num_tokens, hidden] output of the last block and residual stream (None before the first
+        # block) -> the same for this block
+        hidden, residual = self.attention_norm(hidden, residual)
+        hidden, residual = self.mlp_norm(self.attention(hidden, cos, sin, meta), residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderBackbone(Backbone):
+    """Token embeddings and pre-norm layers; the final RMSNorm is what it finishes with."""
+
+    checkpoint_prefixes = ("model.",)
+    pretraining_heads = ("lm_head.",)
+    token_embeddings = "embed_tokens.weight"
+
+    def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
+        super().__init__()
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, attention_backend) for _ in range(config.num_layers))
+        self.norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:
+        return cls(DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional), attention_backend)
+
+    @classmethod
+    def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        config = DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional)
+        return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+
+    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)
+        hidden = self.embed_tokens(batch.input_ids)
+        cos, sin = rotary_tables(batch.positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, meta)
+        return hidden + residual
+
+    def finish(self, rows: torch.Tensor) -> torch.Tensor:
+        # row-wise, so pooling one row per sequence first gives the same rows
+        return rms_norm(rows, self.norm.weight, self.norm.eps)
+
+    def weight_map(self) -> WeightTargets:
+        config = self.config
+        q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        modules = {"embed_tokens": "embed_tokens", "norm": "norm"}
+        targets: WeightTargets = {}
+        for index in range(config.num_layers):
+            source, target = f"layers.{index}.", f"layers.{index}."
+            modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
+            qkv = {f"{source}self_attn.q_proj": q_rows, f"{source}self_attn.k_proj": kv_rows}
+            qkv[f"{source}self_attn.v_proj"] = kv_rows
+            targets.update(self.fused_targets(f"{target}attention.qkv", qkv))
+            gate_up = {f"{source}mlp.{name}": config.intermediate_size for name in ("gate_proj", "up_proj")}
+            targets.update(self.fused_targets(f"{target}mlp.gate_up", gate_up))
+        return {**self.module_targets(modules), **targets}
+
+
+# checkpoint module (under "layers.N.") -> ours
+LAYER_NAMES = {
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "mlp_norm",
+    "self_attn.q_norm": "attention.qk_norm_rotary.q_norm",
+    "self_attn.k_norm": "attention.qk_norm_rotary.k_norm",
+    "self_attn.o_proj": "attention.out",
+    "mlp.down_proj": "mlp.down",
+}

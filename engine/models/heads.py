@@ -1,0 +1,141 @@
+"""The heads, written once over any Backbone: Embedder (pooled, normalized vectors), Classifier
+(sequence-classification logits) and Judge (a causal LM's yes/no logits). Each is the module the engine
+runs: `forward(batch, meta)` gives float32 rows, one a sequence."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionMetadata
+from engine.batch import PackedBatch
+from engine.errors import UnsupportedModel
+from engine.layers.activations import get_activation
+from engine.layers.pooling import POOLING_METHODS, Pooler
+from engine.models.backbone import Backbone, ClassifierLayout
+
+if TYPE_CHECKING:
+    from engine.loader import ModelSpec, WeightTargets
+
+JUDGE_TOKENS = ("no", "yes")  # the judge's two logits, in the order softmax's positive class expects
+# pooling methods that pick one row a sequence, so that the backbone finishes only those rows
+ROW_POOLINGS = ("cls", "last")
+
+
+class Head(nn.Module):
+    """What the heads share: the backbone, its checkpoint prefixes, and names mapped under it."""
+
+    def __init__(self, backbone: Backbone):
+        super().__init__()
+        self.backbone = backbone
+        self.checkpoint_prefixes = backbone.checkpoint_prefixes
+        self.ignored_weights: tuple[str, ...] = backbone.ignored_weights
+
+    def weight_map(self) -> WeightTargets:
+        return {
+            name: [_under("backbone.", one) for one in target]
+            if isinstance(target, list)
+            else _under("backbone.", target)
+            for name, target in self.backbone.weight_map().items()
+        }
+
+    def pooled(self, batch: PackedBatch, meta: AttentionMetadata | None, method: str) -> torch.Tensor:
+        # PackedBatch -> [num_seqs, hidden] finished rows, pooled by `method` (float32 for mean)
+        if meta is None:
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        stream = self.backbone.encode(batch, meta)
+        pool = POOLING_METHODS[method]
+        if method in ROW_POOLINGS:
+            return self.backbone.finish(pool(stream, meta))
+        return pool(self.backbone.finish(stream), meta)
+
+
+class Embedder(Head):
+    """Pooled vectors, normalized where the model is, float32."""
+
+    def __init__(self, backbone: Backbone, pooler: Pooler):
+        super().__init__(backbone)
+        self.pooler = pooler
+        self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch of num_seqs sequences -> [num_seqs, hidden] float32
+        return self.pooler.finish(self.pooled(batch, meta, self.pooler.method))
+
+
+class Classifier(Head):
+    """*ForSequenceClassification (cross-encoders): logits, float32."""
+
+    def __init__(self, backbone: Backbone, layout: ClassifierLayout, num_labels: int):
+        super().__init__(backbone)
+        self.layout = layout
+        hidden_size = backbone.hidden_size
+        self.ignored_weights = (*backbone.ignored_weights, *layout.ignored)
+        self.dense = nn.Linear(hidden_size, hidden_size, bias=layout.dense_bias) if layout.dense else None
+        self.act = get_activation(layout.activation) if layout.dense else None
+        self.norm = (
+            nn.LayerNorm(hidden_size, eps=layout.norm_eps, bias=layout.norm_bias) if layout.norm else None
+        )
+        self.out = nn.Linear(hidden_size, num_labels, bias=layout.out_bias)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
+        hidden = self.pooled(batch, meta, self.layout.pooling)
+        hidden = hidden.to(self.out.weight.dtype)  # a mean is float32
+        if self.dense is not None:
+            hidden = self.act(self.dense(hidden))
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        return self.out(hidden).float()
+
+    def weight_map(self) -> WeightTargets:
+        layout, targets = self.layout, super().weight_map()
+        for checkpoint_name, module in ((layout.dense, "dense"), (layout.norm, "norm"), (layout.out, "out")):
+            if checkpoint_name is not None:
+                for leaf, _ in self.get_submodule(module).named_parameters(recurse=False):
+                    targets[f"{checkpoint_name}.{leaf}"] = (f"{module}.{leaf}", None)
+        return targets
+
+
+class Judge(Head):
+    """A causal LM as a reranker: the logits of its judge tokens ("no", "yes") at each sequence's last
+    token, from those rows of the LM head only (never the vocabulary-wide projection)."""
+
+    def __init__(self, backbone: Backbone, judge_token_ids: tuple[int, ...], tied: bool):
+        super().__init__(backbone)
+        self.judge_token_ids = judge_token_ids
+        self.tied = tied
+        self.judge = nn.Linear(backbone.hidden_size, len(judge_token_ids), bias=False)
+        # a tied head is the embedding table: a copy of it that a checkpoint may still carry is not read
+        self.ignored_weights = (*backbone.ignored_weights, "lm_head.") if tied else backbone.ignored_weights
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch of num_seqs sequences -> [num_seqs, len(judge_token_ids)] float32
+        return self.judge(self.pooled(batch, meta, "last")).float()
+
+    def weight_map(self) -> WeightTargets:
+        targets = super().weight_map()
+        judge_rows = ("judge.weight", None, self.judge_token_ids)
+        if self.tied:
+            embeddings = self.backbone.token_embeddings
+            targets[embeddings] = [targets[embeddings], judge_rows]  # type: ignore[list-item]
+        else:
+            targets["lm_head.weight"] = judge_rows
+        return targets
+
+
+def _under(prefix: str, target: tuple) -> tuple:
+    return (prefix + target[0], *target[1:])
+
+
+def judge_token_ids(spec: ModelSpec) -> tuple[int, int]:
+    """The ids of JUDGE_TOKENS, each one token of the model's tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    ids = tuple(tokenizer.token_to_id(token) for token in JUDGE_TOKENS)
+    if None in ids:
+        raise UnsupportedModel(f"model {spec.name!r}: its tokenizer has no single tokens {JUDGE_TOKENS}")
+    return ids  # type: ignore[return-value]
