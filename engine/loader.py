@@ -16,6 +16,8 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
+from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
+from engine.models.dense import DenseLayout
 from engine.models.registry import build_model, lookup
 from engine.progress import progress
 
@@ -30,6 +32,8 @@ WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ..
 # checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
 WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
 ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+# the sentence-transformers modules an embedder runs, in the order it runs them
+ST_MODULE_ORDER = ("Transformer", "Pooling", "Dense", "Normalize")
 ST_LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -59,6 +63,7 @@ class ModelSpec:
     bidirectional: bool = False  # a decoder run without its causal mask
     matryoshka: bool = False  # trained so that a vector's leading dimensions are an embedding too
     pair_format: str = "pair"  # see ModelEntry.pair_format
+    dense: tuple[DenseLayout, ...] = ()  # sentence-transformers Dense modules after pooling
 
 
 def resolve_model(
@@ -120,8 +125,15 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
     # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
     pooling, normalize = ("mean" if bidirectional else entry.pooling), entry.normalize
+    dense: tuple[DenseLayout, ...] = ()
     if modules is not None and task == "embed":
-        pooling, normalize = sentence_transformers_pooling(name, folder, modules)
+        pooling, normalize, dense = sentence_transformers_pooling(name, folder, modules)
+    sizes = [hf_config.hidden_size, *(layer.out_features for layer in dense)]
+    for layer, size in zip(dense, sizes):
+        if layer.in_features != size:
+            raise UnsupportedModel(
+                f"model {name!r}: a Dense module takes {layer.in_features} features, not {size}"
+            )
 
     window = entry.family.backbone.window(hf_config)
     st_config = read_json(transformer_dir / "sentence_bert_config.json") or {}
@@ -143,12 +155,13 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
         max_seq_length=window,
         vocab_size=hf_config.vocab_size,
         num_labels=num_labels,
-        output_dim=num_labels if num_labels is not None else hf_config.hidden_size,
+        output_dim=num_labels if num_labels is not None else sizes[-1],
         tokenizer_path=tokenizer_path,
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
         bidirectional=bidirectional,
         pair_format=entry.pair_format,
+        dense=dense,
         matryoshka=task == "embed" and model_card_says_matryoshka(folder),
     )
 
@@ -177,11 +190,20 @@ def sentence_transformers_path(
     return default
 
 
-def sentence_transformers_pooling(name: str, folder: Path, modules: list[dict]) -> tuple[str, bool]:
+def sentence_transformers_pooling(
+    name: str, folder: Path, modules: list[dict]
+) -> tuple[str, bool, tuple[DenseLayout, ...]]:
+    """(pooling, normalize, the Dense modules after pooling) from the sentence-transformers files: the
+    modules Transformer, Pooling, any Dense, then Normalize if listed, in that order."""
     kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
-    unsupported = [kind for kind in kinds if kind not in ("Transformer", "Pooling", "Normalize")]
+    unsupported = [kind for kind in kinds if kind not in ST_MODULE_ORDER]
     if unsupported:
         raise UnsupportedModel(f"model {name!r}: sentence-transformers modules {unsupported} are unsupported")
+    ranks = [ST_MODULE_ORDER.index(kind) for kind in kinds]
+    if ranks != sorted(ranks):
+        raise UnsupportedModel(
+            f"model {name!r}: sentence-transformers modules in the order {kinds} are unsupported"
+        )
     pooling_path = sentence_transformers_path(modules, "Pooling")
     config = read_json(folder / pooling_path / "config.json") if pooling_path is not None else None
     if config is None:
@@ -194,7 +216,17 @@ def sentence_transformers_pooling(name: str, folder: Path, modules: list[dict]) 
         mode = mode[0]
     if not isinstance(mode, str) or mode not in ST_POOLING_MODES or config.get("include_prompt") is False:
         raise UnsupportedModel(f"model {name!r}: sentence-transformers pooling {config} is not supported")
-    return ST_POOLING_MODES[mode], "Normalize" in kinds
+    dense = []
+    for module in modules:
+        if module["type"].rsplit(".", 1)[-1] == "Dense":
+            dense_folder = folder / module.get("path", "")
+            dense_config = read_json(dense_folder / "config.json")
+            if dense_config is None:
+                raise UnsupportedModel(
+                    f"model {name!r}: no config.json in its Dense module {module.get('path')!r}"
+                )
+            dense.append(DenseLayout.read(dense_folder, dense_config, name))
+    return ST_POOLING_MODES[mode], "Normalize" in kinds, tuple(dense)
 
 
 def load_model(
@@ -207,6 +239,10 @@ def load_model(
     model = model.to(dtype).to_empty(device=device)
     started = time.perf_counter()
     tensors = read_checkpoint(spec.path)
+    for index, layer in enumerate(spec.dense):
+        tensors.update(
+            {f"{DENSE_PREFIX}.{index}.{key}": value for key, value in read_checkpoint(layer.folder).items()}
+        )
     load_weights(model, tensors)
     size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
     logger.info(

@@ -4,6 +4,7 @@ runs: `forward(batch, meta)` gives float32 rows, one a sequence."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,6 +16,8 @@ from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
 from engine.layers.pooling import POOLING_METHODS, Pooler
 from engine.models.backbone import Backbone, ClassifierLayout
+from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
+from engine.models.dense import Dense, DenseLayout
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
@@ -53,16 +56,30 @@ class Head(nn.Module):
 
 
 class Embedder(Head):
-    """Pooled vectors, normalized where the model is, float32."""
+    """Pooled vectors, through the sentence-transformers Dense modules if any, normalized where the model
+    is, float32."""
 
-    def __init__(self, backbone: Backbone, pooler: Pooler):
+    def __init__(self, backbone: Backbone, pooler: Pooler, dense: Sequence[DenseLayout] = ()):
         super().__init__(backbone)
         self.pooler = pooler
+        self.dense = nn.ModuleList(Dense(layout) for layout in dense)
         self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, hidden] float32
-        return self.pooler.finish(self.pooled(batch, meta, self.pooler.method))
+        # PackedBatch of num_seqs sequences -> [num_seqs, output size] float32
+        rows = self.pooled(batch, meta, self.pooler.method)
+        if len(self.dense):
+            rows = rows.to(self.dense[0].linear.weight.dtype)  # a mean is float32
+            for layer in self.dense:
+                rows = layer(rows)
+        return self.pooler.finish(rows)
+
+    def weight_map(self) -> WeightTargets:
+        targets = super().weight_map()
+        for index, layer in enumerate(self.dense):
+            for name, _ in layer.named_parameters():
+                targets[f"{DENSE_PREFIX}.{index}.{name}"] = (f"dense.{index}.{name}", None)
+        return targets
 
 
 class Classifier(Head):

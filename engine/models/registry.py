@@ -124,7 +124,7 @@ def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Modu
     entry = lookup(spec.architecture, spec.hf_config.model_type)
     backbone = entry.family.backbone.from_spec(spec, attention_backend)
     if entry.head == "embed":
-        return Embedder(backbone, Pooler(spec.pooling, spec.normalize))
+        return Embedder(backbone, Pooler(spec.pooling, spec.normalize), spec.dense)
     if entry.head == "classify":
         return Classifier(backbone, backbone.classifier_layout(), spec.hf_config.num_labels)
     tied = bool(getattr(spec.hf_config, "tie_word_embeddings", False))
