@@ -1,6 +1,7 @@
-"""QKNormRotary: Qwen3's per-head RMSNorm of queries and keys, then rotary, on the fused QKV output.
-On CUDA one Triton kernel does both for every (token, head) in place (one read, one write) instead of
-about a dozen elementwise kernels; elsewhere the torch ops run."""
+"""QKNormRotary: Qwen3's per-head RMSNorm of queries and keys, then rotary, on the fused QKV output (or
+rotary alone, `qk_norm=False`: Qwen2, Llama, Mistral). On CUDA one Triton kernel does both for every
+(token, head) in place (one read, one write) instead of about a dozen elementwise kernels; elsewhere the
+torch ops run."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from engine.layers.triton_kernel import triton_kernel
 
 
 class QKNormRotary(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, qk_norm: bool = True):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.eps = eps
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
     def forward(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -29,7 +31,9 @@ class QKNormRotary(nn.Module):
             qk_norm_rotary(kernel, qkv, cos, sin, self)
             return self.split(qkv)
         q, k, v = self.split(qkv)
-        return apply_rotary(self.q_norm(q), cos, sin), apply_rotary(self.k_norm(k), cos, sin), v
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]
@@ -40,21 +44,23 @@ class QKNormRotary(nn.Module):
 def qk_norm_rotary(
     kernel, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: QKNormRotary
 ) -> None:
-    """Normalize and rotate the query and key heads of `qkv` in place by the Triton kernel, on the device
-    the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
+    """Normalize (where the layer has norms) and rotate the query and key heads of `qkv` in place by the
+    Triton kernel, on the device the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
     num_tokens = qkv.shape[0]
     half = layer.head_dim // 2
     grid = (num_tokens, layer.num_heads + layer.num_kv_heads)
+    norms = layer.q_norm is not None and layer.k_norm is not None
     kernel[grid](
         qkv,
         cos.contiguous(),
         sin.contiguous(),
-        layer.q_norm.weight,
-        layer.k_norm.weight,
+        layer.q_norm.weight if norms else qkv,
+        layer.k_norm.weight if norms else qkv,
         qkv.shape[1],
         layer.num_heads,
         layer.head_dim,
-        layer.q_norm.eps,
+        layer.eps,
+        NORM=norms,
         HALF=half,
         BLOCK=1 << (half - 1).bit_length(),
         num_warps=1,
@@ -67,7 +73,7 @@ def _triton_kernel(triton, tl):
 
     @triton.jit
     def qk_norm_rotary(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, row_size, num_heads, head_dim,
-                       eps, HALF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                       eps, NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
         # one program per (token, query or key head): RMSNorm over the head, rounded and scaled as the
         # unfused ops do, then the rotation of its two halves by the token's angles
         token = tl.program_id(0).to(tl.int64)
@@ -77,17 +83,20 @@ def _triton_kernel(triton, tl):
         first_ptr = qkv_ptr + token * row_size + head * head_dim + columns
         first = tl.load(first_ptr, mask=mask, other=0.0).to(tl.float32)
         second = tl.load(first_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
-        square_sum = tl.sum(first * first, axis=0) + tl.sum(second * second, axis=0)
-        inverse_rms = 1.0 / tl.sqrt(square_sum / head_dim + eps)
-        if head < num_heads:
-            first_weight = tl.load(q_weight_ptr + columns, mask=mask).to(tl.float32)
-            second_weight = tl.load(q_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
-        else:
-            first_weight = tl.load(k_weight_ptr + columns, mask=mask).to(tl.float32)
-            second_weight = tl.load(k_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
         dtype = qkv_ptr.dtype.element_ty
-        first = ((first * inverse_rms).to(dtype).to(tl.float32) * first_weight).to(dtype).to(tl.float32)
-        second = ((second * inverse_rms).to(dtype).to(tl.float32) * second_weight).to(dtype).to(tl.float32)
+        if NORM:
+            square_sum = tl.sum(first * first, axis=0) + tl.sum(second * second, axis=0)
+            inverse_rms = 1.0 / tl.sqrt(square_sum / head_dim + eps)
+            if head < num_heads:
+                first_weight = tl.load(q_weight_ptr + columns, mask=mask).to(tl.float32)
+                second_weight = tl.load(q_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
+            else:
+                first_weight = tl.load(k_weight_ptr + columns, mask=mask).to(tl.float32)
+                second_weight = tl.load(k_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
+            first = ((first * inverse_rms).to(dtype).to(tl.float32) * first_weight).to(dtype).to(tl.float32)
+            second = (
+                ((second * inverse_rms).to(dtype).to(tl.float32) * second_weight).to(dtype).to(tl.float32)
+            )
         cos = tl.load(cos_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
         sin = tl.load(sin_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
         tl.store(first_ptr, (first * cos - second * sin).to(dtype), mask=mask)

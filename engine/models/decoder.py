@@ -1,5 +1,6 @@
-"""Packed decoders (Qwen3): a Backbone, causal (Qwen3-Embedding, Qwen3-Reranker's judge) or
-bidirectional (pplx-embed style)."""
+"""Packed decoders (Qwen3, Qwen2, Llama, Mistral): a Backbone, causal (Qwen3-Embedding, gte-Qwen2,
+e5-mistral, Qwen3-Reranker's judge) or bidirectional (pplx-embed style), each variant a record of
+switches."""
 
 from __future__ import annotations
 
@@ -21,11 +22,32 @@ from engine.models.backbone import AttentionShape, Backbone
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
 
-MODEL_TYPES = ("qwen3",)
+
+@dataclass(frozen=True, slots=True)
+class DecoderVariant:
+    """What sets a decoder family apart. A bias is a config attribute's name (False where the config
+    lacks it) or fixed."""
+
+    qk_norm: bool  # RMSNorm over each query and key head before rotary
+    qkv_bias: str | bool
+    out_bias: str | bool
+    mlp_bias: str | bool = False
+    # the config's `sliding_window` bounds the window, so that no query ever reaches past it
+    sliding_window: bool = False
+
+
+QWEN3 = DecoderVariant(qk_norm=True, qkv_bias="attention_bias", out_bias="attention_bias")
+QWEN2 = DecoderVariant(qk_norm=False, qkv_bias=True, out_bias=False)
+LLAMA = DecoderVariant(
+    qk_norm=False, qkv_bias="attention_bias", out_bias="attention_bias", mlp_bias="mlp_bias"
+)
+MISTRAL = DecoderVariant(qk_norm=False, qkv_bias=False, out_bias=False, sliding_window=True)
+VARIANTS = {"qwen3": QWEN3, "qwen2": QWEN2, "llama": LLAMA, "mistral": MISTRAL}
 
 
 @dataclass(frozen=True, slots=True)
 class DecoderConfig:
+    variant: DecoderVariant
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -35,20 +57,29 @@ class DecoderConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
-    attention_bias: bool
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
     tie_word_embeddings: bool
     causal: bool
 
     @classmethod
     def from_hf(cls, hf_config: Any, causal: bool) -> DecoderConfig:
-        if hf_config.model_type not in MODEL_TYPES:
-            raise UnsupportedModel(f"model type {hf_config.model_type!r} is not a packed decoder")
+        model_type = hf_config.model_type
+        if model_type not in VARIANTS:
+            raise UnsupportedModel(f"model type {model_type!r} is not a packed decoder")
+        variant = VARIANTS[model_type]
         if getattr(hf_config, "use_sliding_window", False):
-            raise UnsupportedModel("Qwen3 with sliding-window layers is not supported")
+            raise UnsupportedModel(f"{model_type} with sliding-window layers is not supported")
         if hf_config.hidden_act not in ("silu", "swish"):
-            raise UnsupportedModel(f"Qwen3 with hidden_act {hf_config.hidden_act!r} is not supported")
+            raise UnsupportedModel(f"{model_type} with hidden_act {hf_config.hidden_act!r} is not supported")
+
+        def bias(setting: str | bool) -> bool:
+            return bool(getattr(hf_config, setting, False)) if isinstance(setting, str) else setting
+
         num_heads = hf_config.num_attention_heads
         return cls(
+            variant=variant,
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
             num_layers=hf_config.num_hidden_layers,
@@ -58,27 +89,33 @@ class DecoderConfig:
             intermediate_size=hf_config.intermediate_size,
             rms_norm_eps=hf_config.rms_norm_eps,
             rope_theta=rope_theta(hf_config),
-            attention_bias=bool(getattr(hf_config, "attention_bias", False)),
+            qkv_bias=bias(variant.qkv_bias),
+            out_bias=bias(variant.out_bias),
+            mlp_bias=bias(variant.mlp_bias),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             causal=causal,
         )
 
 
 class DecoderAttention(nn.Module):
-    """Fused QKV projection, per-head RMSNorm of queries and keys with rotary (one kernel on CUDA),
-    grouped-query attention."""
+    """Fused QKV projection, rotary (after a per-head RMSNorm of queries and keys where the variant has
+    it; one kernel on CUDA), grouped-query attention."""
 
     def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
         super().__init__()
         self.causal = config.causal
         self.attention_backend = attention_backend
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-        self.qkv = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.qkv = nn.Linear(config.hidden_size, qkv_size, bias=config.qkv_bias)
         self.qk_norm_rotary = QKNormRotary(
-            config.num_heads, config.num_kv_heads, config.head_dim, config.rms_norm_eps
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.rms_norm_eps,
+            config.variant.qk_norm,
         )
         out_size = config.num_heads * config.head_dim
-        self.out = nn.Linear(out_size, config.hidden_size, bias=config.attention_bias)
+        self.out = nn.Linear(out_size, config.hidden_size, bias=config.out_bias)
 
     def forward(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
@@ -95,8 +132,8 @@ class DecoderMLP(nn.Module):
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
-        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
@@ -152,6 +189,17 @@ class DecoderBackbone(Backbone):
         config = DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional)
         return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
 
+    @classmethod
+    def window(cls, hf_config: Any) -> int:
+        """The position table's length; with a sliding window (Mistral), at most the window, which a
+        causal query then never reaches past."""
+        window = hf_config.max_position_embeddings
+        if VARIANTS.get(hf_config.model_type, QWEN3).sliding_window and getattr(
+            hf_config, "sliding_window", None
+        ):
+            window = min(window, hf_config.sliding_window)
+        return window
+
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)
         hidden = self.embed_tokens(batch.input_ids)
@@ -173,6 +221,8 @@ class DecoderBackbone(Backbone):
         for index in range(config.num_layers):
             source, target = f"layers.{index}.", f"layers.{index}."
             modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
+            if config.variant.qk_norm:
+                modules.update({source + name: target + module for name, module in QK_NORM_NAMES.items()})
             qkv = {f"{source}self_attn.q_proj": q_rows, f"{source}self_attn.k_proj": kv_rows}
             qkv[f"{source}self_attn.v_proj"] = kv_rows
             targets.update(self.fused_targets(f"{target}attention.qkv", qkv))
@@ -185,8 +235,10 @@ class DecoderBackbone(Backbone):
 LAYER_NAMES = {
     "input_layernorm": "attention_norm",
     "post_attention_layernorm": "mlp_norm",
-    "self_attn.q_norm": "attention.qk_norm_rotary.q_norm",
-    "self_attn.k_norm": "attention.qk_norm_rotary.k_norm",
     "self_attn.o_proj": "attention.out",
     "mlp.down_proj": "mlp.down",
+}
+QK_NORM_NAMES = {
+    "self_attn.q_norm": "attention.qk_norm_rotary.q_norm",
+    "self_attn.k_norm": "attention.qk_norm_rotary.k_norm",
 }

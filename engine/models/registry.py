@@ -54,6 +54,9 @@ QWEN3 = Family(
     can_be_bidirectional=True,
     judge_format="qwen3-judge",
 )
+# gte-Qwen2, e5-mistral, SFR-Embedding and the like: causal, last token (as their sentence-transformers
+# files say), and bidirectional where their config or --bidirectional asks
+DECODER = Family(DecoderBackbone, ("embed",), "last", decoder=True, can_be_bidirectional=True)
 # model_type -> its family and the architecture name of its bare model
 MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "bert": (BERT, "BertModel"),
@@ -63,6 +66,9 @@ MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "distilbert": (BERT, "DistilBertModel"),
     "modernbert": (MODERNBERT, "ModernBertModel"),
     "qwen3": (QWEN3, "Qwen3Model"),
+    "qwen2": (DECODER, "Qwen2Model"),
+    "llama": (DECODER, "LlamaModel"),
+    "mistral": (DECODER, "MistralModel"),
 }
 
 

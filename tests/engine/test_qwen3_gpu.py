@@ -179,6 +179,13 @@ def test_fused_kernels_in_bf16_match_the_torch_ops():
         plain_q, plain_k, _ = layer.split(qkv)
         assert relative_error(q, apply_rotary(layer.q_norm(plain_q), cos, sin)) <= 1e-2
         assert relative_error(k, apply_rotary(layer.k_norm(plain_k), cos, sin)) <= 1e-2
+    rotary_only = QKNormRotary(16, 8, 128, 1e-6, qk_norm=False).to(device, dtype)  # Qwen2, Llama, Mistral
+    with torch.no_grad():
+        q, k, v = (tensor.clone() for tensor in rotary_only(qkv.clone(), cos, sin))
+        plain_q, plain_k, plain_v = rotary_only.split(qkv)
+        assert relative_error(q, apply_rotary(plain_q, cos, sin)) <= 1e-2
+        assert relative_error(k, apply_rotary(plain_k, cos, sin)) <= 1e-2
+        assert torch.equal(v, plain_v)
 
     gate_up = torch.randn(1000, 2 * 3072, device=device, dtype=dtype, generator=generator)
     gate, up = gate_up.chunk(2, dim=-1)

@@ -160,13 +160,16 @@ def test_add_rms_norm(interpreted, hidden, with_residual):
     assert relative_error(got, rms_norm.rms_norm(expected_total, weight, 1e-6)) <= 1e-5
 
 
+@pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 24), (2, 2, 64), (8, 1, 32)])
-def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim):
+def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim, qk_norm):
+    """qk_norm False: rotary alone (Qwen2, Llama, Mistral)."""
     generator = torch.Generator().manual_seed(head_dim)
-    layer = QKNormRotary(num_heads, num_kv_heads, head_dim, eps=1e-6)
-    with torch.no_grad():
-        layer.q_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
-        layer.k_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
+    layer = QKNormRotary(num_heads, num_kv_heads, head_dim, eps=1e-6, qk_norm=qk_norm)
+    if qk_norm:
+        with torch.no_grad():
+            layer.q_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
+            layer.k_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
     qkv = torch.randn(29, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator)
     positions = torch.cat([torch.arange(20), torch.arange(9)])  # two packed sequences
     cos, sin = rotary_tables(positions, head_dim, 1_000_000.0, torch.float32)
