@@ -160,19 +160,22 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
         bidirectional=bidirectional,
-        pair_format=entry.pair_format,
+        pair_format=entry.pair_format_of(model_card(folder)),
         dense=dense,
         matryoshka=task == "embed" and model_card_says_matryoshka(folder),
     )
 
 
+def model_card(folder: Path) -> str:
+    """The model card's text (README.md), empty where there is none."""
+    card = folder / "README.md"
+    return card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+
+
 def model_card_says_matryoshka(folder: Path) -> bool:
     """The model card names Matryoshka training: sentence-transformers' generated cards tag
     `loss:MatryoshkaLoss`; others (Qwen3-Embedding, pplx-embed) say "Matryoshka" or "MRL"."""
-    card = folder / "README.md"
-    if not card.is_file():
-        return False
-    text = card.read_text(encoding="utf-8", errors="replace")
+    text = model_card(folder)
     return "matryoshka" in text.lower() or re.search(r"\bMRL\b", text) is not None
 
 

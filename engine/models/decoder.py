@@ -17,7 +17,7 @@ from engine.layers.qk_norm_rotary import QKNormRotary
 from engine.layers.rms_norm import AddRMSNorm, rms_norm
 from engine.layers.rotary import rope_theta, rotary_tables
 from engine.layers.swiglu import silu_and_mul
-from engine.models.backbone import AttentionShape, Backbone
+from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
@@ -199,6 +199,10 @@ class DecoderBackbone(Backbone):
         ):
             window = min(window, hf_config.sliding_window)
         return window
+
+    def classifier_layout(self) -> ClassifierLayout:
+        """*ForSequenceClassification: the last token, finished, through `score` (no bias)."""
+        return ClassifierLayout(out="score", out_bias=False, pooling="last")
 
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)

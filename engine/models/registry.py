@@ -26,6 +26,8 @@ HEAD_SUFFIXES = {"Model": "embed", "ForSequenceClassification": "classify", "For
 # sentence-transformers runs checkpoints of these heads as the bare model (e.g. "BertForMaskedLM", or
 # Qwen3-Embedding's "Qwen3ForCausalLM")
 RUN_BARE = ("ForMaskedLM", "ForPreTraining", "ForCausalLM")
+# a judge's name as model cards write it (lower case), by its pair format
+JUDGE_NAMES = {"qwen3-judge": "qwen3-reranker"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +39,8 @@ class Family:
     # when its config says `is_causal: false` or the server is started with --bidirectional
     decoder: bool = False
     can_be_bidirectional: bool = False
-    # how rerank lays out a (query, document) pair for its judge: "qwen3-judge" is Qwen3-Reranker's
-    # chat prompt asking for yes or no
+    # how rerank lays out a (query, document) pair for its judge, and for a sequence-classification
+    # conversion of that judge: "qwen3-judge" is Qwen3-Reranker's chat prompt asking for yes or no
     judge_format: str = "pair"
 
 
@@ -48,7 +50,7 @@ MODERNBERT = Family(ModernBertBackbone, ("embed", "classify"), pooling="mean")
 # causal LM (no sentence-transformers files): P("yes") of its judgment
 QWEN3 = Family(
     DecoderBackbone,
-    ("embed", "judge"),
+    ("embed", "classify", "judge"),
     "last",
     decoder=True,
     can_be_bidirectional=True,
@@ -56,7 +58,7 @@ QWEN3 = Family(
 )
 # gte-Qwen2, e5-mistral, SFR-Embedding and the like: causal, last token (as their sentence-transformers
 # files say), and bidirectional where their config or --bidirectional asks
-DECODER = Family(DecoderBackbone, ("embed",), "last", decoder=True, can_be_bidirectional=True)
+DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, can_be_bidirectional=True)
 # model_type -> its family and the architecture name of its bare model
 MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "bert": (BERT, "BertModel"),
@@ -94,6 +96,14 @@ class ModelEntry:
     @property
     def pair_format(self) -> str:
         return self.family.judge_format if self.head == "judge" else "pair"
+
+    def pair_format_of(self, model_card: str) -> str:
+        """A classifier converted from the family's judge (its model card names the judge, as
+        Qwen3-Reranker's seq-cls conversions do) lays pairs out as the judge does."""
+        judge = self.family.judge_format
+        if self.head == "classify" and judge != "pair" and JUDGE_NAMES.get(judge, "") in model_card.lower():
+            return judge
+        return self.pair_format
 
     @property
     def can_be_bidirectional(self) -> bool:

@@ -1,12 +1,14 @@
 """Tiny random Qwen2, Llama and Mistral vs transformers, fp32 on the CPU: the causal last-token embedder
 (gte-Qwen2, e5-mistral, SFR-Embedding) with each variant's biases (Qwen2's on q, k and v; Llama's
-attention_bias and mlp_bias), bidirectional on request, batch invariance, strict loading, and Mistral's
-sliding window bounding the window."""
+attention_bias and mlp_bias), bidirectional on request, batch invariance, strict loading, Mistral's
+sliding window bounding the window; and the decoder rerank heads (*ForSequenceClassification, Qwen3's
+too), a Qwen3-Reranker conversion keeping the judge's prompt."""
 
 import pytest
 import torch
 
 from engine.errors import WeightLoadError
+from engine.loader import resolve_model
 from tests.engine.test_qwen3_parity import (
     SPECIAL_TOKENS,
     VOCAB_SIZE,
@@ -16,6 +18,7 @@ from tests.engine.test_qwen3_parity import (
     mean_tokens,
     random_sequences,
     reference_hidden,
+    save_random_qwen3,
 )
 
 SEQLENS = [1, 2, 17, 5, 40, 3, 48, 9]
@@ -24,19 +27,28 @@ VARIANTS = {
     "LlamaModel": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "MistralModel": ("MistralConfig", {"sliding_window": 48}),
 }
+CLASSIFIERS = [
+    "Qwen2ForSequenceClassification",
+    "LlamaForSequenceClassification",
+    "MistralForSequenceClassification",
+    "Qwen3ForSequenceClassification",
+]
 
 
-def save_random_decoder(folder, architecture):
+def save_random_decoder(folder, architecture, num_labels=1):
     import transformers
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
 
-    config_name, overrides = VARIANTS[architecture]
+    config_name, overrides = next(
+        value for bare, value in VARIANTS.items() if architecture.startswith(bare[:-5])
+    )
     config = getattr(transformers, config_name)(
         vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=24, intermediate_size=96, max_position_embeddings=128,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, architectures=[architecture], **overrides,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, architectures=[architecture], num_labels=num_labels,
+        pad_token_id=0, **overrides,
     )  # fmt: skip
     torch.manual_seed(0)
     model = getattr(transformers, architecture)(config).eval()
@@ -82,6 +94,32 @@ def test_bidirectional_on_request_matches_transformers(tmp_path):
         ours = model(pack_of(sequences))
     hidden = reference_hidden(reference, sequences, causal=False)
     assert_same_vectors(ours, torch.nn.functional.normalize(mean_tokens(hidden, sequences)))
+
+
+@pytest.mark.parametrize("architecture", CLASSIFIERS)
+def test_sequence_classifier_matches_transformers(tmp_path, architecture):
+    """The last token, finished, through `score`: one logit (a reranker) and three."""
+    if architecture.startswith("Qwen3"):
+        reference = save_random_qwen3(tmp_path, architecture, num_labels=3, pad_token_id=0)
+    else:
+        reference = save_random_decoder(tmp_path, architecture, num_labels=3)
+    spec, model = load(tmp_path)
+    assert (spec.task, spec.num_labels, spec.output_dim, spec.pair_format) == ("score", 3, 3, "pair")
+    sequences = random_sequences(SEQLENS)
+    with torch.inference_mode():
+        ours = model(pack_of(sequences))
+        expected = torch.cat([reference(input_ids=torch.tensor([ids])).logits for ids in sequences])
+    assert ours.shape == (len(SEQLENS), 3)
+    assert (ours - expected).abs().max().item() <= 1e-4
+
+
+def test_a_qwen3_reranker_conversion_formats_pairs_as_the_judge(tmp_path):
+    """A sequence-classification conversion of Qwen3-Reranker (its model card names it) keeps the judge's
+    prompt; another decoder classifier takes the tokenizer's pair template."""
+    save_random_qwen3(tmp_path, "Qwen3ForSequenceClassification", pad_token_id=0)
+    assert resolve_model(str(tmp_path)).pair_format == "pair"
+    (tmp_path / "README.md").write_text("A sequence-classification conversion of Qwen/Qwen3-Reranker-0.6B.")
+    assert resolve_model(str(tmp_path)).pair_format == "qwen3-judge"
 
 
 def test_a_missing_bias_fails_the_load(tmp_path):
