@@ -26,6 +26,7 @@ POOLING_FLAGS = {
 }
 CPU_FLOAT32 = ("--device", "cpu", "--dtype", "float32")  # the reference runs in fp32 on the CPU
 MAX_POSITIONS = 512
+DENSE_OUT = 48  # the LaBSE-style family's vectors, after its Dense modules
 MODERNBERT_LOCAL_ATTENTION = 8  # a sliding layer sees 4 tokens on each side: every test text is longer
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN_PATTERN = (
@@ -352,6 +353,154 @@ def build_gte_reranker_modernbert(folder: Path) -> nn.Module:
     return save(folder, model, modernbert_tokenizer())
 
 
+def distilbert_config(architecture: str):
+    import transformers
+
+    return transformers.DistilBertConfig(
+        vocab_size=modernbert_tokenizer().get_vocab_size(), dim=HIDDEN, n_layers=2, n_heads=4, hidden_dim=128,
+        max_position_embeddings=MAX_POSITIONS, pad_token_id=1, num_labels=1, architectures=[architecture],
+    )  # fmt: skip
+
+
+def build_msmarco_distilbert(folder: Path) -> nn.Module:
+    """msmarco-distilbert-base: DistilBertModel, mean-pooled, normalized (its sentence-transformers files)."""
+    import transformers
+
+    model = randomize(transformers.DistilBertModel(distilbert_config("DistilBertModel")), 0.2)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    return save(folder, model, modernbert_tokenizer())
+
+
+def build_distilbert_cross_encoder(folder: Path) -> nn.Module:
+    import transformers
+
+    config = distilbert_config("DistilBertForSequenceClassification")
+    model = randomize(transformers.DistilBertForSequenceClassification(config), 0.2)
+    return save(folder, model, modernbert_tokenizer())
+
+
+def build_camembert(folder: Path) -> nn.Module:
+    """sentence-camembert: CamembertModel (RoBERTa's positions after the pad id), mean-pooled."""
+    import transformers
+
+    config = transformers.CamembertConfig(
+        vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
+        type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, architectures=["CamembertModel"],
+    )  # fmt: skip
+    model = randomize(transformers.CamembertModel(config), 0.2)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    return save(folder, model, xlm_roberta_tokenizer())
+
+
+def camembert_positions_from_zero(folder: Path) -> nn.Module:
+    return PositionsFromZero(model_class(folder).from_pretrained(folder).eval())
+
+
+def decoder_config(config_name: str, architecture: str, tokenizer: Tokenizer, **overrides):
+    import transformers
+
+    return getattr(transformers, config_name)(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, intermediate_size=96, max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6, pad_token_id=tokenizer.token_to_id("<|endoftext|>"), num_labels=1,
+        architectures=[architecture], **overrides,
+    )  # fmt: skip
+
+
+def build_gte_qwen2(folder: Path) -> nn.Module:
+    """gte-Qwen2-instruct: a Qwen2ForCausalLM checkpoint (q, k, v biases) with last-token files."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=True)
+    config = decoder_config("Qwen2Config", "Qwen2ForCausalLM", tokenizer, tie_word_embeddings=False)
+    model = randomize(transformers.Qwen2ForCausalLM(config), 0.1)
+    write_sentence_transformers(folder, "lasttoken", normalize=True)
+    return save(folder, model, tokenizer).model
+
+
+def build_e5_mistral(folder: Path) -> nn.Module:
+    """e5-mistral-7b-instruct: a MistralModel with a sliding window, last-token files."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=True)
+    config = decoder_config("MistralConfig", "MistralModel", tokenizer, sliding_window=MAX_POSITIONS)
+    model = randomize(transformers.MistralModel(config), 0.1)
+    write_sentence_transformers(folder, "lasttoken", normalize=True)
+    return save(folder, model, tokenizer)
+
+
+def build_qwen2_cross_encoder(folder: Path) -> nn.Module:
+    """A decoder cross-encoder: Qwen2ForSequenceClassification, the last token through `score`."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=True)
+    config = decoder_config("Qwen2Config", "Qwen2ForSequenceClassification", tokenizer)
+    return save(folder, randomize(transformers.Qwen2ForSequenceClassification(config), 0.1), tokenizer)
+
+
+class DenseReference(nn.Module):
+    """sentence-transformers' Dense modules after an encoder, as its own classes compute them."""
+
+    def __init__(self, encoder: nn.Module, layers: list[tuple[nn.Linear, nn.Module]]):
+        super().__init__()
+        self.encoder = encoder
+        self.layers = layers
+
+
+def build_labse(folder: Path) -> nn.Module:
+    """LaBSE's layout: a BERT encoder, CLS pooling, a Dense with Tanh, Normalize; here a second Dense
+    (Identity, no bias) narrows the vectors to DENSE_OUT."""
+    import transformers
+    from safetensors.torch import save_file
+
+    config = transformers.BertConfig(
+        vocab_size=modernbert_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS, pad_token_id=1,
+        architectures=["BertModel"],
+    )  # fmt: skip
+    encoder = save(folder, randomize(transformers.BertModel(config), 0.2), modernbert_tokenizer())
+    write_sentence_transformers(folder, "cls", normalize=True)
+    modules = json.loads((folder / "modules.json").read_text())
+    normalize = modules.pop()
+    layers = []
+    for index, (size, bias, activation) in enumerate(
+        ((HIDDEN, True, nn.Tanh), (DENSE_OUT, False, nn.Identity))
+    ):
+        path = f"{2 + index}_Dense"
+        linear = nn.Linear(layers[-1][0].out_features if layers else HIDDEN, size, bias=bias)
+        torch.manual_seed(10 + index)
+        with torch.no_grad():
+            for parameter in linear.parameters():
+                parameter.normal_(0.0, 0.2)
+        (folder / path).mkdir()
+        name = f"torch.nn.modules.{'activation' if activation is nn.Tanh else 'linear'}.{activation.__name__}"
+        dense_config = {
+            "in_features": linear.in_features,
+            "out_features": size,
+            "bias": bias,
+            "activation_function": name,
+        }
+        (folder / path / "config.json").write_text(json.dumps(dense_config))
+        save_file(
+            {f"linear.{key}": value.contiguous() for key, value in linear.state_dict().items()},
+            folder / path / "model.safetensors",
+        )
+        modules.append(
+            {
+                "idx": 2 + index,
+                "name": str(2 + index),
+                "path": path,
+                "type": "sentence_transformers.models.Dense",
+            }
+        )
+        layers.append((linear, activation()))
+    normalize["idx"], normalize["name"], normalize["path"] = 4, "4", "4_Normalize"
+    (folder / "2_Normalize").rename(folder / "4_Normalize")
+    (folder / "modules.json").write_text(json.dumps([*modules, normalize]))
+    return DenseReference(encoder, layers)
+
+
 def build_gpt2(folder: Path) -> nn.Module:
     import transformers
 
@@ -380,6 +529,18 @@ def last_token_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
 
 def mean_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     return hidden_states(model, ids).mean(0).numpy()
+
+
+def normalized_mean_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    return F.normalize(hidden_states(model, ids).mean(0), dim=-1).numpy()
+
+
+def dense_cls_vector(model: DenseReference, ids: Sequence[int]) -> np.ndarray:
+    rows = hidden_states(model.encoder, ids)[0]
+    with torch.inference_mode():
+        for linear, activation in model.layers:
+            rows = activation(linear(rows))
+    return F.normalize(rows, dim=-1).numpy()
 
 
 def classifier_logit(model: nn.Module, ids: Sequence[int]) -> float:
@@ -422,6 +583,7 @@ class Family:
     normalized: bool = True
     matryoshka: bool = False
     min_tokens: int = 0  # every test text is longer than this (a ModernBERT sliding window)
+    dimensions: int = HIDDEN  # of an embedder's vectors
 
     def server_args(self, folder: Path) -> tuple[str, ...]:
         return ("--model", str(folder), "--served-model-name", self.id, *CPU_FLOAT32)
@@ -473,6 +635,40 @@ GTE_RERANKER_MODERNBERT = Family(
     min_tokens=MODERNBERT_LOCAL_ATTENTION,
 )
 
+MSMARCO_DISTILBERT = Family(
+    "tiny-msmarco-distilbert", "sentence-transformers/msmarco-distilbert-base-v4", build_msmarco_distilbert,
+    normalized_mean_vector,
+)  # fmt: skip
+DISTILBERT_CROSS_ENCODER = Family(
+    "tiny-distilbert-cross-encoder", "cross-encoder/ms-marco-TinyBERT-L2-v2 (a DistilBERT head)",
+    build_distilbert_cross_encoder, classifier_logit,
+)  # fmt: skip
+CAMEMBERT = Family(
+    "tiny-sentence-camembert", "dangvantuan/sentence-camembert-base", build_camembert, normalized_mean_vector,
+    ablated=camembert_positions_from_zero,
+)  # fmt: skip
+GTE_QWEN2 = Family(
+    "tiny-gte-qwen2", "Alibaba-NLP/gte-Qwen2-1.5B-instruct", build_gte_qwen2, last_token_vector
+)
+E5_MISTRAL = Family("tiny-e5-mistral", "intfloat/e5-mistral-7b-instruct", build_e5_mistral, last_token_vector)
+QWEN2_CROSS_ENCODER = Family(
+    "tiny-qwen2-cross-encoder", "a Qwen2ForSequenceClassification reranker", build_qwen2_cross_encoder,
+    classifier_logit,
+)  # fmt: skip
+LABSE = Family(
+    "tiny-labse", "sentence-transformers/LaBSE", build_labse, dense_cls_vector, dimensions=DENSE_OUT
+)
+
 # the families every generic test runs over; add a family's entry here to have it checked end to end
-EMBEDDERS = [BGE_M3, QWEN3_EMBEDDING, PPLX_EMBED, GTE_MODERNBERT]
-CROSS_ENCODERS = [BGE_RERANKER, GTE_RERANKER_MODERNBERT]
+EMBEDDERS = [
+    BGE_M3,
+    QWEN3_EMBEDDING,
+    PPLX_EMBED,
+    GTE_MODERNBERT,
+    MSMARCO_DISTILBERT,
+    CAMEMBERT,
+    GTE_QWEN2,
+    E5_MISTRAL,
+    LABSE,
+]
+CROSS_ENCODERS = [BGE_RERANKER, GTE_RERANKER_MODERNBERT, DISTILBERT_CROSS_ENCODER, QWEN2_CROSS_ENCODER]

@@ -24,7 +24,6 @@ from .contract import SAME_VECTOR, cohere_client, cosine
 from .families import (
     CROSS_ENCODERS,
     EMBEDDERS,
-    HIDDEN,
     JUDGE_INSTRUCTION,
     MAX_POSITIONS,
     QWEN3_EMBEDDING,
@@ -154,7 +153,7 @@ def test_embeddings_equal_the_reference(serve, family, encoding_format):
     assert response.usage.prompt_tokens == sum(map(len, token_ids))
     for text, ours in zip(TEXTS, vectors(response)):
         expected = served.vector(text)
-        assert ours.shape == (HIDDEN,)
+        assert ours.shape == (family.dimensions,)
         assert cosine(ours, expected) >= SAME_VECTOR, text
         assert np.linalg.norm(ours) == pytest.approx(np.linalg.norm(expected), rel=1e-4)
         if family.normalized:
@@ -213,7 +212,7 @@ def test_models_list_describes_the_family(serve, family, tasks, matryoshka):
     assert response.status_code == 200, response.text
     [model] = response.json()["data"]
     assert (model["id"], model["tasks"], model["matryoshka"]) == (family.id, tasks, matryoshka)
-    assert model["dimensions"] == (HIDDEN if "embed" in tasks else None)
+    assert model["dimensions"] == (family.dimensions if "embed" in tasks else None)
     assert model["max_model_len"] == MAX_POSITIONS
 
 

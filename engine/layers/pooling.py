@@ -36,6 +36,17 @@ def last_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return hidden[meta.cu_seqlens[1:].long() - 1]
 
 
+def last_kept_pool(
+    hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor, skip_id: int
+) -> torch.Tensor:
+    # [num_tokens, hidden] -> [num_seqs, hidden], the last token of each sequence that is not `skip_id`
+    # (transformers' decoder classifiers pass over trailing pad tokens), its first where all are
+    index = torch.arange(hidden.shape[0], device=hidden.device)
+    kept = torch.where(input_ids != skip_id, index, meta.cu_seqlens[:-1].long()[meta.segment_ids])
+    last = torch.zeros(meta.num_seqs, dtype=torch.int64, device=hidden.device)
+    return hidden[last.scatter_reduce(0, meta.segment_ids, kept, "amax", include_self=False)]
+
+
 POOLING_METHODS: dict[str, Callable[[torch.Tensor, AttentionMetadata], torch.Tensor]] = {
     "mean": mean_pool,
     "cls": cls_pool,

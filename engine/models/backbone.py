@@ -41,6 +41,7 @@ class ClassifierLayout:
     norm_bias: bool = True
     out_bias: bool = True
     pooling: str = "cls"
+    skip_token: int | None = None  # "last" passes over trailing tokens of this id (a decoder's pad)
     ignored: tuple[str, ...] = ()  # checkpoint names beside the head that it does not read
 
 

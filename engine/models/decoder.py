@@ -62,6 +62,7 @@ class DecoderConfig:
     mlp_bias: bool
     tie_word_embeddings: bool
     causal: bool
+    pad_token_id: int | None
 
     @classmethod
     def from_hf(cls, hf_config: Any, causal: bool) -> DecoderConfig:
@@ -94,6 +95,7 @@ class DecoderConfig:
             mlp_bias=bias(variant.mlp_bias),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             causal=causal,
+            pad_token_id=getattr(hf_config, "pad_token_id", None),
         )
 
 
@@ -201,8 +203,11 @@ class DecoderBackbone(Backbone):
         return window
 
     def classifier_layout(self) -> ClassifierLayout:
-        """*ForSequenceClassification: the last token, finished, through `score` (no bias)."""
-        return ClassifierLayout(out="score", out_bias=False, pooling="last")
+        """*ForSequenceClassification: the last token that is not the pad token (as transformers picks
+        it), finished, through `score` (no bias)."""
+        return ClassifierLayout(
+            out="score", out_bias=False, pooling="last", skip_token=self.config.pad_token_id
+        )
 
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)

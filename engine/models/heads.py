@@ -14,7 +14,7 @@ from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
-from engine.layers.pooling import POOLING_METHODS, Pooler
+from engine.layers.pooling import POOLING_METHODS, Pooler, last_kept_pool
 from engine.models.backbone import Backbone, ClassifierLayout
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import Dense, DenseLayout
@@ -44,11 +44,16 @@ class Head(nn.Module):
             for name, target in self.backbone.weight_map().items()
         }
 
-    def pooled(self, batch: PackedBatch, meta: AttentionMetadata | None, method: str) -> torch.Tensor:
-        # PackedBatch -> [num_seqs, hidden] finished rows, pooled by `method` (float32 for mean)
+    def pooled(
+        self, batch: PackedBatch, meta: AttentionMetadata | None, method: str, skip_id: int | None = None
+    ) -> torch.Tensor:
+        # PackedBatch -> [num_seqs, hidden] finished rows, pooled by `method` (float32 for mean); "last"
+        # with `skip_id` passes over trailing tokens of that id
         if meta is None:
             meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
         stream = self.backbone.encode(batch, meta)
+        if method == "last" and skip_id is not None:
+            return self.backbone.finish(last_kept_pool(stream, meta, batch.input_ids, skip_id))
         pool = POOLING_METHODS[method]
         if method in ROW_POOLINGS:
             return self.backbone.finish(pool(stream, meta))
@@ -99,7 +104,7 @@ class Classifier(Head):
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
-        hidden = self.pooled(batch, meta, self.layout.pooling)
+        hidden = self.pooled(batch, meta, self.layout.pooling, self.layout.skip_token)
         hidden = hidden.to(self.out.weight.dtype)  # a mean is float32
         if self.dense is not None:
             hidden = self.act(self.dense(hidden))

@@ -98,7 +98,7 @@ def test_bidirectional_on_request_matches_transformers(tmp_path):
 
 @pytest.mark.parametrize("architecture", CLASSIFIERS)
 def test_sequence_classifier_matches_transformers(tmp_path, architecture):
-    """The last token, finished, through `score`: one logit (a reranker) and three."""
+    """The last token that is not the pad token, finished, through `score`."""
     if architecture.startswith("Qwen3"):
         reference = save_random_qwen3(tmp_path, architecture, num_labels=3, pad_token_id=0)
     else:
@@ -106,6 +106,8 @@ def test_sequence_classifier_matches_transformers(tmp_path, architecture):
     spec, model = load(tmp_path)
     assert (spec.task, spec.num_labels, spec.output_dim, spec.pair_format) == ("score", 3, 3, "pair")
     sequences = random_sequences(SEQLENS)
+    # trailing pad tokens (id 0), which transformers passes over to the last other token
+    sequences[1], sequences[3] = sequences[1] + [0], sequences[3] + [0, 0]
     with torch.inference_mode():
         ours = model(pack_of(sequences))
         expected = torch.cat([reference(input_ids=torch.tensor([ids])).logits for ids in sequences])
