@@ -21,6 +21,7 @@ from api.config import (
     SHUTDOWN_TIMEOUT_S,
     ServerConfig,
 )
+from engine.config import MODEL_IMPLS
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -149,6 +150,18 @@ def add_engine_flags(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
     command.add_argument(
+        "--model-impl",
+        default="auto",
+        choices=list(MODEL_IMPLS),
+        help="posy's packed model, or transformers' own for any architecture it loads; auto: posy's where "
+        "posy has the family, transformers' otherwise",
+    )
+    command.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the transformers fallback run modeling code that ships inside the checkpoint folder",
+    )
+    command.add_argument(
         "--max-batch-tokens",
         type=int,
         help="tokens per forward pass (16384 on GPU, 4096 on CPU, raised to the largest model window)",
@@ -203,6 +216,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_workers=args.api_workers or 1,
         bidirectional=args.bidirectional,
         max_model_len=args.max_model_len,
+        model_impl=args.model_impl,
+        trust_remote_code=args.trust_remote_code,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_seqs=args.max_batch_seqs,
         max_queue_tokens=args.max_queue_tokens,

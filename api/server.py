@@ -82,6 +82,7 @@ class Server:
             self.metrics.model_info.labels(model=names[0]).info(
                 {
                     "architecture": spec.architecture,
+                    "implementation": spec.implementation,
                     "task": spec.task,
                     "device": engine_config.device,
                     "dtype": engine_config.dtype,
@@ -129,6 +130,7 @@ class Server:
         replica_set = ReplicaSet(
             config.models[index], num_replicas, engine_config, config.bidirectional, config.max_model_len,
             config.log_level, metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
+            model_impl=config.model_impl, trust_remote_code=config.trust_remote_code,
         )  # fmt: skip
         self._replica_sets.append(replica_set)
         replica_set.start()
@@ -151,7 +153,10 @@ class Server:
         return self.start_replicas(index, spec, engine_config, num_replicas).pool
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
-        return resolve_model(model, self.config.bidirectional, self.config.max_model_len)
+        config = self.config
+        return resolve_model(
+            model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
+        )
 
     def engine_config(self, max_window: int) -> EngineConfig:
         return engine_config_for(self.config, max_window)

@@ -8,6 +8,9 @@ from api.config import ServerConfig
 from engine.config import LARGE_TOKEN_STEP, SMALL_TOKEN_LIMIT, SMALL_TOKEN_STEP, EngineConfig
 from engine.loader import ModelSpec
 
+# how the start-up summary names the implementation a model runs on
+IMPLEMENTATIONS = {"posy": "posy's packed model", "transformers": "through transformers"}
+
 
 def startup_summary(
     config: ServerConfig,
@@ -23,7 +26,8 @@ def startup_summary(
         others = [name for name in names if name != spec.name]
         aliases = f" as {', '.join(others)}" if others else ""
         lines.append(
-            f"  model {spec.name}{aliases}: {spec.architecture}, {_task(spec)}, window {spec.max_seq_length}"
+            f"  model {spec.name}{aliases}: {spec.architecture} ({IMPLEMENTATIONS[spec.implementation]}), "
+            f"{_task(spec)}, window {spec.max_seq_length}"
         )
         out = config.engine_process or config.api_workers > 1 or num_replicas > 1
         replicas = (

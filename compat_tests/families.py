@@ -439,6 +439,35 @@ def build_qwen2_cross_encoder(folder: Path) -> nn.Module:
     return save(folder, randomize(transformers.Qwen2ForSequenceClassification(config), 0.1), tokenizer)
 
 
+def build_electra_embedder(folder: Path) -> nn.Module:
+    """An ELECTRA embedder (posy packs no ELECTRA: it runs through transformers, sdpa), mean-pooled."""
+    import transformers
+
+    config = transformers.ElectraConfig(
+        vocab_size=modernbert_tokenizer().get_vocab_size(), embedding_size=32, hidden_size=HIDDEN,
+        num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=MAX_POSITIONS, pad_token_id=1, architectures=["ElectraModel"],
+    )  # fmt: skip
+    model = randomize(transformers.ElectraModel(config), 0.2)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    return save(folder, model, modernbert_tokenizer())
+
+
+def build_deberta_cross_encoder(folder: Path) -> nn.Module:
+    """A DeBERTa-v2 cross-encoder (relative attention; through transformers, eager)."""
+    import transformers
+
+    config = transformers.DebertaV2Config(
+        vocab_size=modernbert_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS,
+        relative_attention=True, position_buckets=32, pos_att_type=["p2c", "c2p"],
+        position_biased_input=False, pad_token_id=1, num_labels=1,
+        architectures=["DebertaV2ForSequenceClassification"],
+    )  # fmt: skip
+    model = randomize(transformers.DebertaV2ForSequenceClassification(config), 0.1)
+    return save(folder, model, modernbert_tokenizer())
+
+
 class DenseReference(nn.Module):
     """sentence-transformers' Dense modules after an encoder, as its own classes compute them."""
 
@@ -655,6 +684,14 @@ QWEN2_CROSS_ENCODER = Family(
     "tiny-qwen2-cross-encoder", "a Qwen2ForSequenceClassification reranker", build_qwen2_cross_encoder,
     classifier_logit,
 )  # fmt: skip
+ELECTRA_EMBEDDER = Family(
+    "tiny-electra-embedder", "an ELECTRA sentence-transformers model (the transformers fallback)",
+    build_electra_embedder, normalized_mean_vector,
+)  # fmt: skip
+DEBERTA_CROSS_ENCODER = Family(
+    "tiny-deberta-v3-cross-encoder", "cross-encoder/nli-deberta-v3-base (the transformers fallback)",
+    build_deberta_cross_encoder, classifier_logit,
+)  # fmt: skip
 LABSE = Family(
     "tiny-labse", "sentence-transformers/LaBSE", build_labse, dense_cls_vector, dimensions=DENSE_OUT
 )
@@ -670,5 +707,12 @@ EMBEDDERS = [
     GTE_QWEN2,
     E5_MISTRAL,
     LABSE,
+    ELECTRA_EMBEDDER,
 ]
-CROSS_ENCODERS = [BGE_RERANKER, GTE_RERANKER_MODERNBERT, DISTILBERT_CROSS_ENCODER, QWEN2_CROSS_ENCODER]
+CROSS_ENCODERS = [
+    BGE_RERANKER,
+    GTE_RERANKER_MODERNBERT,
+    DISTILBERT_CROSS_ENCODER,
+    QWEN2_CROSS_ENCODER,
+    DEBERTA_CROSS_ENCODER,
+]

@@ -150,6 +150,7 @@ def test_metrics_say_how_each_model_runs(http):
     labels = [sample.labels for sample in info.samples if sample.name == "posy_model_info"]
     assert len(labels) == 1
     assert labels[0]["architecture"] == "BertModel" and labels[0]["task"] == "embed"
+    assert labels[0]["implementation"] == "posy"
     runs_on = tuple(labels[0][key] for key in ("device", "dtype", "attention_backend", "cuda_graphs"))
     assert runs_on == ("cpu", "float32", "torch", "off")
 

@@ -4,6 +4,7 @@ what the official SDKs get back checked against transformers on the same weights
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -317,12 +318,29 @@ def test_qwen3_reranker_does_not_embed(qwen3_reranker):
         client.embeddings.create(model=QWEN3_RERANKER.id, input=TEXTS[0])
 
 
-# an architecture posy does not run
+# an architecture posy does not run: a causal LM head without sentence-transformers files (which the
+# transformers fallback does not know how to pool), or any architecture posy does not pack under
+# --model-impl posy
 
 
-def test_unsupported_architecture_exits_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    "architecture, flags", [("GPT2LMHeadModel", []), ("GPT2Model", ["--model-impl", "posy"])]
+)
+def test_unsupported_architecture_exits_naming_it(tmp_path, architecture, flags):
     build_gpt2(tmp_path)
-    command = [sys.executable, "-m", "api", "serve", "--port", str(free_port()), "--model", str(tmp_path)]
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    command = [
+        sys.executable,
+        "-m",
+        "api",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--model",
+        str(tmp_path),
+        *flags,
+    ]
     try:
         finished = subprocess.run(
             command,
@@ -335,9 +353,9 @@ def test_unsupported_architecture_exits_naming_it(tmp_path):
         )
     except subprocess.TimeoutExpired:
         pytest.fail(
-            f"`posy serve` of a GPT2Model checkpoint still ran after {UNSUPPORTED_EXIT_TIMEOUT_S:.0f} s"
+            f"`posy serve` of a {architecture} checkpoint still ran after {UNSUPPORTED_EXIT_TIMEOUT_S:.0f} s"
         )
     output = finished.stdout + finished.stderr
     assert finished.returncode != 0, output
-    assert "GPT2Model" in output and "not supported" in output, output
+    assert architecture in output and "not supported" in output, output
     assert "Traceback" not in output, output

@@ -26,6 +26,8 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         # the current device is per thread and starts at cuda:0: a replica on cuda:1 would load, warm
         # up and capture its graphs on the wrong one (the engine's thread sets it again)
         torch.cuda.set_device(device)
+    if spec.implementation == "transformers":
+        return fallback_engine(spec, config, device, on_batch)
     shape = lookup(spec.architecture, spec.hf_config.model_type).family.backbone.attention_shape(spec)
     backend = select_backend(
         config.attention_backend,
@@ -61,6 +63,27 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
     engine.attention_backend = backend.name
+    engine.start()
+    return engine
+
+
+def fallback_engine(
+    spec: ModelSpec, config: EngineConfig, device: torch.device, on_batch: BatchObserver | None
+) -> Engine:
+    """transformers' own model (engine/models/fallback.py) behind the same scheduler; no CUDA graphs."""
+    model = load_model(spec, device, DTYPES[config.dtype], None)  # type: ignore[arg-type]
+    runner = ModelRunner(model, device, None)
+    runner.step(pack([[0, 1]])).result()
+    engine = Engine(runner, config, on_batch)
+    inner = getattr(model, "model", None) or model.backbone.model
+    engine.attention_backend = f"transformers ({inner.attention_implementation})"
+    logger.info(
+        "%s: transformers' %s on %s, %s, CUDA graphs off",
+        spec.name,
+        type(inner).__name__,
+        device,
+        config.dtype,
+    )
     engine.start()
     return engine
 

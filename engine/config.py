@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# --model-impl: "auto" packs what posy has a family for and runs anything else through transformers
+MODEL_IMPLS = ("auto", "posy", "transformers")
+
 GPU_MAX_BATCH_TOKENS = 16384
 CPU_MAX_BATCH_TOKENS = 4096
 QUEUE_BATCHES = 64

@@ -15,10 +15,13 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.config import MODEL_IMPLS
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
+from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import DenseLayout
-from engine.models.registry import build_model, lookup
+from engine.models.heads import Embedder
+from engine.models.registry import build_model, fallback_entry, lookup
 from engine.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,10 @@ WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ..
 # checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
 WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
 ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+REMOTE_CODE = (
+    "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
+    "--trust-remote-code, which runs the code inside the checkpoint folder"
+)
 # the sentence-transformers modules an embedder runs, in the order it runs them
 ST_MODULE_ORDER = ("Transformer", "Pooling", "Dense", "Normalize")
 ST_LEGACY_POOLING_KEYS = {
@@ -64,14 +71,23 @@ class ModelSpec:
     matryoshka: bool = False  # trained so that a vector's leading dimensions are an embedding too
     pair_format: str = "pair"  # see ModelEntry.pair_format
     dense: tuple[DenseLayout, ...] = ()  # sentence-transformers Dense modules after pooling
+    implementation: str = "posy"  # "posy": a packed model; "transformers": the fallback
+    trust_remote_code: bool = False  # the fallback may run the code in the checkpoint folder
 
 
 def resolve_model(
-    path_or_id: str | None, bidirectional: bool = False, max_model_len: int | None = None
+    path_or_id: str | None,
+    bidirectional: bool = False,
+    max_model_len: int | None = None,
+    model_impl: str = "auto",
+    trust_remote_code: bool = False,
 ) -> ModelSpec:
     """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id.
     `bidirectional` runs a decoder embedder without its causal mask, whatever its config says;
-    `max_model_len` caps its window (vLLM's --max-model-len)."""
+    `max_model_len` caps its window (vLLM's --max-model-len); `model_impl` (see MODEL_IMPLS) picks posy's
+    packed model or transformers' own; `trust_remote_code` lets the fallback run the code in the folder."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, not {model_impl!r}")
     if max_model_len is not None and max_model_len < 1:
         raise ValueError(f"--max-model-len must be at least 1, not {max_model_len}")
     if path_or_id is None:
@@ -82,7 +98,7 @@ def resolve_model(
         name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
     else:
         name, folder = path_or_id, download(path_or_id)
-    spec = read_spec(name, folder, bidirectional)
+    spec = read_spec(name, folder, bidirectional, model_impl, trust_remote_code)
     if max_model_len is not None:
         spec = replace(spec, max_seq_length=min(spec.max_seq_length, max_model_len))
     return spec
@@ -105,20 +121,41 @@ def download(repo_id: str) -> Path:
     return folder
 
 
-def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec:
+def read_spec(
+    name: str,
+    folder: Path,
+    bidirectional: bool = False,
+    model_impl: str = "auto",
+    trust_remote_code: bool = False,
+) -> ModelSpec:
     from transformers import AutoConfig
 
     modules = read_json(folder / "modules.json")
     transformer_dir = folder / sentence_transformers_path(modules, "Transformer", default="")
     if not (transformer_dir / "config.json").is_file():
         raise ModelNotFound(f"model {name!r}: no config.json in {transformer_dir}")
+    remote_code = bool((read_json(transformer_dir / "config.json") or {}).get("auto_map"))
     try:
-        hf_config = AutoConfig.from_pretrained(transformer_dir)
+        hf_config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as error:
+        if remote_code and not trust_remote_code:
+            raise UnsupportedModel(REMOTE_CODE.format(name=name)) from error
         raise UnsupportedModel(f"model {name!r}: cannot read its config.json: {error}") from error
 
     architectures = getattr(hf_config, "architectures", None) or []
-    entry = lookup(architectures[0] if architectures else "", hf_config.model_type, modules is not None)
+    given = architectures[0] if architectures else ""
+    entry, implementation = None, "transformers"
+    if model_impl != "transformers":
+        try:
+            entry, implementation = lookup(given, hf_config.model_type, modules is not None), "posy"
+        except UnsupportedModel as why:
+            if model_impl == "posy":
+                raise
+            logger.info("%s: no packed model (%s); it runs through transformers", name, why)
+    if entry is None:
+        entry = fallback_entry(given, modules is not None)
+        if remote_code and not trust_remote_code:
+            raise UnsupportedModel(REMOTE_CODE.format(name=name))
     architecture, task = entry.architecture, entry.task
     bidirectional = entry.family.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
     if bidirectional and not entry.can_be_bidirectional:
@@ -161,6 +198,8 @@ def read_spec(name: str, folder: Path, bidirectional: bool = False) -> ModelSpec
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
         bidirectional=bidirectional,
         pair_format=entry.pair_format_of(model_card(folder)),
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
         dense=dense,
         matryoshka=task == "embed" and model_card_says_matryoshka(folder),
     )
@@ -236,6 +275,8 @@ def load_model(
     spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention_backend: AttentionBackend
 ) -> nn.Module:
     """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
+    if spec.implementation == "transformers":
+        return load_fallback(spec, device, dtype)
     with torch.device("meta"):
         model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill
@@ -253,6 +294,27 @@ def load_model(
         spec.name, len(tensors), size_gb, device, time.perf_counter() - started,
     )  # fmt: skip
     return model.eval().requires_grad_(False)
+
+
+def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    """transformers' model for the spec (engine/models/fallback.py); an embedder's Dense modules are
+    posy's, loaded as strictly as a packed model's."""
+    from engine.models.fallback import TransformersBackbone, TransformersClassifier, load_transformers, pad_id
+
+    model = load_transformers(spec, device, dtype)
+    if spec.task != "embed":
+        return TransformersClassifier(model, pad_id(spec))
+    embedder = Embedder(
+        TransformersBackbone(model, pad_id(spec)), Pooler(spec.pooling, spec.normalize), spec.dense
+    )
+    embedder.dense.to(device=device, dtype=dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for index, layer in enumerate(spec.dense):
+        tensors.update(
+            {f"{DENSE_PREFIX}.{index}.{key}": value for key, value in read_checkpoint(layer.folder).items()}
+        )
+    load_weights(embedder, tensors)
+    return embedder.eval().requires_grad_(False)
 
 
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:

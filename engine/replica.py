@@ -51,6 +51,8 @@ class ReplicaConfig:
     endpoint: str  # the path of the Unix socket it listens on, in a folder that also holds the rings
     bidirectional: bool = False
     max_model_len: int | None = None
+    model_impl: str = "auto"
+    trust_remote_code: bool = False
     log_level: str = "info"
     num_threads: int | None = None  # torch's CPU threads; None: torch's default
     metrics_model: str | None = None  # the model's name in the server's metrics
@@ -73,7 +75,9 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format=f"%(asctime)s %(levelname)s replica {os.getpid()}: %(message)s"
     )
-    spec = resolve_model(config.model, config.bidirectional, config.max_model_len)
+    spec = resolve_model(
+        config.model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
+    )
     on_batch = None
     if config.batch_observer is not None and config.metrics_model is not None:
         on_batch = config.batch_observer(config.metrics_model)

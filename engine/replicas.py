@@ -59,6 +59,8 @@ class ReplicaSet:
         log_level: str = "info",
         metrics_model: str | None = None,
         batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None,
+        model_impl: str = "auto",
+        trust_remote_code: bool = False,
     ):
         """`batch_observer(metrics_model)`, called in each replica process (a module-level function, so
         that it reaches the spawned process), gives the engine's on_batch callback, or None."""
@@ -74,6 +76,8 @@ class ReplicaSet:
                 endpoint=f"{self._folder}/replica-{index}.sock",
                 bidirectional=bidirectional,
                 max_model_len=max_model_len,
+                model_impl=model_impl,
+                trust_remote_code=trust_remote_code,
                 log_level=log_level,
                 num_threads=_threads(engine_config.device, num_replicas),
                 metrics_model=metrics_model,

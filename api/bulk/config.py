@@ -26,6 +26,8 @@ class JobConfig:
     cuda_graphs: str = "lazy"
     bidirectional: bool = False
     max_model_len: int | None = None
+    model_impl: str = "auto"
+    trust_remote_code: bool = False
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None

@@ -38,7 +38,13 @@ class JobModel:
         if config.shard_rows < 1:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
-            spec = resolve_model(config.model, config.bidirectional, config.max_model_len)
+            spec = resolve_model(
+                config.model,
+                config.bidirectional,
+                config.max_model_len,
+                config.model_impl,
+                config.trust_remote_code,
+            )
             if spec.task != "embed":
                 raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
             check_dimensions(config.dimensions, spec.output_dim, "--dimensions")

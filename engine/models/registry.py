@@ -14,6 +14,7 @@ from engine.layers.pooling import Pooler
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
 from engine.models.decoder import DecoderBackbone
+from engine.models.fallback import TransformersBackbone
 from engine.models.heads import Classifier, Embedder, Judge, judge_token_ids
 from engine.models.modernbert import ModernBertBackbone
 
@@ -59,6 +60,8 @@ QWEN3 = Family(
 # gte-Qwen2, e5-mistral, SFR-Embedding and the like: causal, last token (as their sentence-transformers
 # files say), and bidirectional where their config or --bidirectional asks
 DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, can_be_bidirectional=True)
+# any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
+FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
 # model_type -> its family and the architecture name of its bare model
 MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "bert": (BERT, "BertModel"),
@@ -124,6 +127,20 @@ def lookup(architecture: str, model_type: str, sentence_transformers: bool = Fal
             return ModelEntry(family, architecture, head)
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported; supported: {', '.join(supported())}"
+    )
+
+
+def fallback_entry(architecture: str, sentence_transformers: bool = False) -> ModelEntry:
+    """How transformers' own class serves an architecture posy does not pack: a sequence classifier
+    whole, anything else as its bare model where it is one or sentence-transformers runs it so."""
+    if architecture.endswith("ForSequenceClassification"):
+        return ModelEntry(FALLBACK, architecture, "classify")
+    bare = architecture.endswith("Model") and not architecture.endswith(("HeadModel", "HeadsModel"))
+    if bare or sentence_transformers:
+        return ModelEntry(FALLBACK, architecture, "embed")
+    raise UnsupportedModel(
+        f"architecture {architecture!r} is not supported: posy packs {', '.join(supported())}; transformers "
+        "runs a bare *Model, a *ForSequenceClassification, or a checkpoint with sentence-transformers files"
     )
 
 
