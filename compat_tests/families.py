@@ -468,6 +468,23 @@ def build_deberta_cross_encoder(folder: Path) -> nn.Module:
     return save(folder, model, modernbert_tokenizer())
 
 
+def build_all_mpnet(folder: Path) -> nn.Module:
+    """all-mpnet-base-v2's layout: an MPNetForMaskedLM checkpoint (relative position buckets, positions
+    after the pad index) with mean-pooling, normalizing sentence-transformers files; through transformers."""
+    import transformers
+
+    config = transformers.MPNetConfig(
+        vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
+        relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        architectures=["MPNetForMaskedLM"],
+    )  # fmt: skip
+    model = randomize(transformers.MPNetForMaskedLM(config), 0.2)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}))
+    return save(folder, model, xlm_roberta_tokenizer()).mpnet
+
+
 class DenseReference(nn.Module):
     """sentence-transformers' Dense modules after an encoder, as its own classes compute them."""
 
@@ -692,6 +709,10 @@ DEBERTA_CROSS_ENCODER = Family(
     "tiny-deberta-v3-cross-encoder", "cross-encoder/nli-deberta-v3-base (the transformers fallback)",
     build_deberta_cross_encoder, classifier_logit,
 )  # fmt: skip
+ALL_MPNET = Family(
+    "tiny-all-mpnet", "sentence-transformers/all-mpnet-base-v2 (the transformers fallback)", build_all_mpnet,
+    normalized_mean_vector,
+)  # fmt: skip
 LABSE = Family(
     "tiny-labse", "sentence-transformers/LaBSE", build_labse, dense_cls_vector, dimensions=DENSE_OUT
 )
@@ -708,6 +729,7 @@ EMBEDDERS = [
     E5_MISTRAL,
     LABSE,
     ELECTRA_EMBEDDER,
+    ALL_MPNET,
 ]
 CROSS_ENCODERS = [
     BGE_RERANKER,

@@ -173,6 +173,12 @@ def read_spec(
             )
 
     window = entry.family.backbone.window(hf_config)
+    if implementation == "transformers":
+        # posy cannot tell where an unknown family's positions start (RoBERTa's and MPNet's after the pad
+        # index): its tokenizer's limit, where it names one, keeps inputs inside the position table
+        limit = (read_json(transformer_dir / "tokenizer_config.json") or {}).get("model_max_length")
+        if isinstance(limit, int) and 0 < limit < window:
+            window = limit
     st_config = read_json(transformer_dir / "sentence_bert_config.json") or {}
     if st_config.get("max_seq_length"):
         window = min(window, int(st_config["max_seq_length"]))

@@ -27,6 +27,7 @@ DEFAULT_WINDOW = 512  # of a config that names no position table
 PADDED_TOKENS = 16384  # a group's sequences times its longest, at most (one sequence may exceed it)
 # the heads transformers' AutoModel drops when it loads a bare model from a checkpoint that has one
 HEAD_SUFFIXES = ("ForMaskedLM", "ForPreTraining", "ForCausalLM", "ForSequenceClassification")
+UNREAD_BY_EMBEDDERS = ("pooler.",)
 
 
 def load_transformers(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
@@ -59,9 +60,12 @@ def load_transformers(spec: ModelSpec, device: torch.device | str, dtype: torch.
 
 
 def strict_check(spec: ModelSpec, model: nn.Module, info: dict[str, Any]) -> None:
-    """A tensor the model needs and the checkpoint lacks fails the load; so does one the checkpoint has
-    and the model does not use, unless it belongs to a head the bare model leaves out."""
+    """A tensor the model needs and the checkpoint lacks fails the load (but an embedder's pooler, which
+    it never reads: a masked-LM checkpoint has none); so does one the checkpoint has and the model does
+    not use, unless it belongs to a head the bare model leaves out."""
     missing = sorted(info.get("missing_keys") or [])
+    if spec.task == "embed":  # an embedder reads the last hidden states, never the bare model's pooler
+        missing = [name for name in missing if not name.startswith(UNREAD_BY_EMBEDDERS)]
     mismatched = sorted(str(item) for item in info.get("mismatched_keys") or [])
     unexpected = sorted(info.get("unexpected_keys") or [])
     drops_a_head = spec.architecture.endswith(HEAD_SUFFIXES) and spec.task == "embed"
