@@ -144,19 +144,29 @@ def read_spec(
 
     architectures = getattr(hf_config, "architectures", None) or []
     given = architectures[0] if architectures else ""
+    prompts_config = read_json(folder / "config_sentence_transformers.json") or {}
+    # sentence-transformers' CrossEncoder folders (its modules.json holds the Transformer alone) score
+    # with the checkpoint's own head; its other folders run the checkpoint as the bare model
+    cross_encoder = prompts_config.get("model_type") == "CrossEncoder"
+    run_bare = modules is not None and not cross_encoder
     entry, implementation = None, "transformers"
     if model_impl != "transformers":
         try:
-            entry, implementation = lookup(given, hf_config.model_type, modules is not None), "posy"
+            entry = lookup(given, hf_config.model_type, run_bare)
+            entry.family.backbone.check(hf_config)  # a config value posy cannot honour
+            implementation = "posy"
         except UnsupportedModel as why:
             if model_impl == "posy":
                 raise
-            logger.info("%s: no packed model (%s); it runs through transformers", name, why)
+            entry = None
+            logger.info("%s: posy does not pack it (%s); it runs through transformers", name, why)
     if entry is None:
-        entry = fallback_entry(given, modules is not None)
+        entry = fallback_entry(given, run_bare)
         if remote_code and not trust_remote_code:
             raise UnsupportedModel(REMOTE_CODE.format(name=name))
     architecture, task = entry.architecture, entry.task
+    if cross_encoder:
+        check_cross_encoder(name, architecture, task, modules or [])
     bidirectional = entry.family.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
     if bidirectional and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
@@ -185,7 +195,6 @@ def read_spec(
     tokenizer_path = transformer_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise UnsupportedModel(f"model {name!r}: no fast tokenizer (tokenizer.json) in {transformer_dir}")
-    prompts_config = read_json(folder / "config_sentence_transformers.json") or {}
     num_labels = hf_config.num_labels if task == "score" else None
     return ModelSpec(
         path=transformer_dir,
@@ -236,6 +245,21 @@ def sentence_transformers_path(
         if module["type"].rsplit(".", 1)[-1] == kind:
             return module.get("path", "")
     return default
+
+
+def check_cross_encoder(name: str, architecture: str, task: str, modules: list[dict]) -> None:
+    """A sentence-transformers CrossEncoder folder posy serves: a sequence classifier, no other module."""
+    others = [module["type"].rsplit(".", 1)[-1] for module in modules]
+    others = [kind for kind in others if kind != "Transformer"]
+    if others:
+        raise UnsupportedModel(
+            f"model {name!r}: sentence-transformers CrossEncoder modules {others} are not supported"
+        )
+    if task != "score":
+        raise UnsupportedModel(
+            f"model {name!r}: a sentence-transformers CrossEncoder needs a *ForSequenceClassification "
+            f"checkpoint, not {architecture}"
+        )
 
 
 def sentence_transformers_pooling(

@@ -70,6 +70,11 @@ class Backbone(nn.Module):
         raise NotImplementedError
 
     @classmethod
+    def check(cls, hf_config: Any) -> None:
+        """Raise UnsupportedModel for a config value the family cannot honour (read with the spec, so
+        that `--model-impl auto` can run such a model through transformers instead)."""
+
+    @classmethod
     def window(cls, hf_config: Any) -> int:
         """The longest sequence the model takes, special tokens included."""
         return hf_config.max_position_embeddings

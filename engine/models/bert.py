@@ -214,6 +214,10 @@ class BertBackbone(Backbone):
         return cls(BertConfig.from_hf(spec.hf_config), attention_backend)
 
     @classmethod
+    def check(cls, hf_config: Any) -> None:
+        BertConfig.from_hf(hf_config)
+
+    @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         config = BertConfig.from_hf(spec.hf_config)
         return AttentionShape(config.num_heads, config.num_heads, config.hidden_size // config.num_heads)

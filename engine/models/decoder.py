@@ -187,6 +187,10 @@ class DecoderBackbone(Backbone):
         return cls(DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional), attention_backend)
 
     @classmethod
+    def check(cls, hf_config: Any) -> None:
+        DecoderConfig.from_hf(hf_config, causal=True)
+
+    @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         config = DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional)
         return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)

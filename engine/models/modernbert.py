@@ -155,6 +155,10 @@ class ModernBertBackbone(Backbone):
         return cls(ModernBertConfig.from_hf(spec.hf_config, spec.architecture), attention_backend)
 
     @classmethod
+    def check(cls, hf_config: Any) -> None:
+        ModernBertConfig.from_hf(hf_config, hf_config.model_type)
+
+    @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         """With the sliding layers' window, for choosing an attention backend that has one."""
         config = ModernBertConfig.from_hf(spec.hf_config, spec.architecture)

@@ -119,6 +119,7 @@ def test_a_cross_encoder_posy_does_not_pack_matches_transformers(tmp_path, kind)
     spec = resolve_model(str(tmp_path))
     assert (spec.implementation, spec.task, spec.num_labels) == ("transformers", "score", 2)
     tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    tokenizer.no_padding()  # the bundled tokenizer.json pads to 128; the server never pads
     pairs = [tokenizer.encode(TEXTS[6], text) for text in TEXTS[:8]]  # different lengths: padded groups
     with torch.inference_mode():
         ours = load(spec)(pack([pair.ids for pair in pairs], [pair.type_ids for pair in pairs]))
@@ -188,3 +189,32 @@ def test_model_impl_chooses_the_implementation(tmp_path):
     assert F.cosine_similarity(ours, theirs).min().item() >= COSINE_TOLERANCE
     with pytest.raises(ValueError, match="--model-impl"):
         resolve_model(None, model_impl="vllm")
+
+
+def test_a_config_value_posy_cannot_honour_runs_through_transformers(tmp_path):
+    """A BERT with relative position embeddings: `auto` serves it through transformers (and says why in
+    the log); `--model-impl posy` refuses it."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=30522, position_embedding_type="relative_key", architectures=["BertModel"], **SIZES
+    )
+    torch.manual_seed(0)
+    reference = transformers.BertModel(config).eval()
+    reference.save_pretrained(tmp_path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(resolve_model(None).path / name, tmp_path / name)
+    spec = resolve_model(str(tmp_path))
+    assert spec.implementation == "transformers"
+    with pytest.raises(UnsupportedModel, match="position_embedding_type 'relative_key'"):
+        resolve_model(str(tmp_path), model_impl="posy")
+    sequences = encode(spec, TEXTS[:4])
+    with torch.inference_mode():
+        ours = load(spec)(pack(sequences))
+        expected = torch.stack(
+            [
+                F.normalize(reference(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0), dim=-1)
+                for ids in sequences
+            ]
+        )
+    assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE

@@ -1,0 +1,75 @@
+"""sentence-transformers 6 CrossEncoder folders (modules.json with the Transformer alone, "model_type":
+"CrossEncoder") serve as rerankers: posy's sigmoid of the logit equals CrossEncoder.predict on the same
+folder; other modules in such a folder, or a causal LM under it, are start-up errors naming them."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from engine.errors import UnsupportedModel
+from engine.loader import resolve_model
+from tests.engine.test_bert_parity import TEXTS
+from tests.engine.test_fallback import TOKENIZER_FILES, load
+
+PAIRS = [(TEXTS[6], text) for text in TEXTS[:8]]
+
+
+def save_cross_encoder(folder):
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        num_labels=1, architectures=["BertForSequenceClassification"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.1)
+    source = folder.parent / "source"
+    model.save_pretrained(source)
+    for name in TOKENIZER_FILES:
+        shutil.copy(resolve_model(None).path / name, source / name)
+    cross_encoder = CrossEncoder(str(source), device="cpu")
+    cross_encoder.save(str(folder))
+    return cross_encoder
+
+
+def test_a_cross_encoder_folder_scores_as_sentence_transformers_predicts(tmp_path):
+    folder = tmp_path / "cross-encoder"
+    cross_encoder = save_cross_encoder(folder)
+    assert (
+        json.loads((folder / "config_sentence_transformers.json").read_text())["model_type"] == "CrossEncoder"
+    )
+    spec = resolve_model(str(folder))
+    assert (spec.implementation, spec.task, spec.num_labels) == ("posy", "score", 1)
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    tokenizer.no_padding()  # the bundled tokenizer.json pads to 128; the server never pads
+    encoded = [tokenizer.encode(query, document) for query, document in PAIRS]
+    from engine.batch import pack
+
+    with torch.inference_mode():
+        logits = load(spec)(pack([pair.ids for pair in encoded], [pair.type_ids for pair in encoded]))
+    expected = torch.as_tensor(cross_encoder.predict(PAIRS)).float()
+    assert (logits[:, 0].sigmoid() - expected).abs().max().item() <= 1e-4
+
+
+def test_other_modules_in_a_cross_encoder_folder_are_named(tmp_path):
+    folder = tmp_path / "cross-encoder"
+    save_cross_encoder(folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append(
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_LogitScore",
+            "type": "sentence_transformers.cross_encoder.modules.LogitScore",
+        }
+    )
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(UnsupportedModel, match=r"CrossEncoder modules \['LogitScore'\] are not supported"):
+        resolve_model(str(folder))
