@@ -218,3 +218,48 @@ def test_a_config_value_posy_cannot_honour_runs_through_transformers(tmp_path):
             ]
         )
     assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE
+
+
+def test_embeddinggemmas_layout_matches_sentence_transformers(tmp_path):
+    """EmbeddingGemma: a bidirectional Gemma3TextModel (sliding-window layers shorter than the texts,
+    head dim 256, query_pre_attn_scalar), mean pooling, two Dense modules and Normalize; posy runs it
+    through transformers until its decoder packs Gemma3."""
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "model"
+    with_dense(
+        folder,
+        [
+            (64, 128, False, "torch.nn.modules.linear.Identity", False),
+            (128, 64, False, "torch.nn.modules.linear.Identity", False),
+        ],
+    )
+    (folder / "model.safetensors").unlink()
+    config = transformers.Gemma3TextConfig(
+        vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=512,
+        use_bidirectional_attention=True, pad_token_id=0, architectures=["Gemma3TextModel"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3TextModel(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.1)
+    model.save_pretrained(folder)
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 256, "do_lower_case": False})
+    )
+    spec = resolve_model(str(folder))
+    assert (spec.architecture, spec.implementation, spec.output_dim) == (
+        "Gemma3TextModel",
+        "transformers",
+        64,
+    )
+    sequences = encode(spec, TEXTS)
+    assert max(map(len, sequences)) > 8  # past the sliding window
+    with torch.inference_mode():
+        ours = load(spec)(pack(sequences))
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True).float()
+    assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE
