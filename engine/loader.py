@@ -312,11 +312,7 @@ def load_model(
     # every parameter is overwritten by load_weights, which fails on any it does not fill
     model = model.to(dtype).to_empty(device=device)
     started = time.perf_counter()
-    tensors = read_checkpoint(spec.path)
-    for index, layer in enumerate(spec.dense):
-        tensors.update(
-            {f"{DENSE_PREFIX}.{index}.{key}": value for key, value in read_checkpoint(layer.folder).items()}
-        )
+    tensors = {**read_checkpoint(spec.path), **dense_tensors(spec)}
     load_weights(model, tensors)
     size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
     logger.info(
@@ -338,13 +334,17 @@ def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtyp
         TransformersBackbone(model, pad_id(spec)), Pooler(spec.pooling, spec.normalize), spec.dense
     )
     embedder.dense.to(device=device, dtype=dtype)
-    tensors: dict[str, torch.Tensor] = {}
-    for index, layer in enumerate(spec.dense):
-        tensors.update(
-            {f"{DENSE_PREFIX}.{index}.{key}": value for key, value in read_checkpoint(layer.folder).items()}
-        )
-    load_weights(embedder, tensors)
+    load_weights(embedder, dense_tensors(spec))
     return embedder.eval().requires_grad_(False)
+
+
+def dense_tensors(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The Dense modules' tensors, each under its module's name among the checkpoint's."""
+    return {
+        f"{DENSE_PREFIX}.{index}.{key}": value
+        for index, layer in enumerate(spec.dense)
+        for key, value in read_checkpoint(layer.folder).items()
+    }
 
 
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:

@@ -158,9 +158,6 @@ class TransformersBackbone(Backbone):
 class TransformersClassifier(nn.Module):
     """transformers' *ForSequenceClassification, whole: logits, one row a sequence, float32."""
 
-    checkpoint_prefixes: tuple[str, ...] = ()
-    ignored_weights: tuple[str, ...] = ()
-
     def __init__(self, model: nn.Module, pad_id: int):
         super().__init__()
         self.model = model
@@ -174,9 +171,6 @@ class TransformersClassifier(nn.Module):
             logits = self.model(**model_inputs(self.model, input_ids, mask, types)).logits
             out[torch.tensor(members, device=out.device)] = logits.float()
         return out
-
-    def weight_map(self):
-        return {}
 
 
 def pad_id(spec: ModelSpec) -> int:

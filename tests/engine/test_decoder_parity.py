@@ -10,15 +10,16 @@ import torch
 from engine.errors import WeightLoadError
 from engine.loader import resolve_model
 from tests.engine.test_qwen3_parity import (
-    SPECIAL_TOKENS,
     VOCAB_SIZE,
     assert_same_vectors,
     last_tokens,
     load,
     mean_tokens,
     random_sequences,
+    randomized,
     reference_hidden,
     save_random_qwen3,
+    save_word_tokenizer,
 )
 
 SEQLENS = [1, 2, 17, 5, 40, 3, 48, 9]
@@ -37,9 +38,6 @@ CLASSIFIERS = [
 
 def save_random_decoder(folder, architecture, num_labels=1):
     import transformers
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
 
     config_name, overrides = next(
         value for bare, value in VARIANTS.items() if architecture.startswith(bare[:-5])
@@ -51,19 +49,9 @@ def save_random_decoder(folder, architecture, num_labels=1):
         pad_token_id=0, **overrides,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
-            else:  # biases too, so that a bias left out fails parity
-                parameter.normal_(0.0, 0.1)
+    model = randomized(getattr(transformers, architecture)(config).eval(), 0.1)  # biases too
     model.save_pretrained(folder)
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{index}": index for index in range(len(vocab), VOCAB_SIZE)})
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
+    save_word_tokenizer(folder)
     return model
 
 
@@ -169,7 +157,7 @@ def gpu_decoder(request, tmp_path_factory):
     torch.manual_seed(0)
     reference = getattr(transformers, architecture)(config).eval()
     reference.save_pretrained(folder)
-    save_random_decoder_tokenizer(folder)
+    save_word_tokenizer(folder)
     sequences = random_sequences(GPU_LENGTHS, seed=4)
     reference = reference.to("cuda")
     with torch.inference_mode():
@@ -215,15 +203,6 @@ def test_real_shapes_in_bf16_on_cuda_match_the_fp32_reference(gpu_decoder, backe
         for row, runs in zip(expected.numpy(), results):
             for rows in runs:
                 assert float((rows[0] * row).sum() / np.linalg.norm(rows[0])) >= 0.999
-
-
-def save_random_decoder_tokenizer(folder):
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{index}": index for index in range(len(vocab), VOCAB_SIZE)})
-    Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>")).save(str(folder / "tokenizer.json"))
 
 
 def assert_same_vectors_at(ours, expected, tolerance):

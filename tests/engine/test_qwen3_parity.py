@@ -51,19 +51,9 @@ def save_random_qwen3(folder, architecture, sentence_transformers=None, std=0.1,
 
     config = tiny_config(architecture, **overrides)
     torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):  # around one, as trained norms are
-                parameter.uniform_(0.5, 1.5)
-            else:  # by default larger than the init, so every weight matters
-                parameter.normal_(0.0, std)
+    model = randomized(getattr(transformers, architecture)(config).eval(), std)
     model.save_pretrained(folder)
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{index}": index for index in range(len(vocab), VOCAB_SIZE)})
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
+    save_word_tokenizer(folder)
     if sentence_transformers is not None:
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -75,6 +65,27 @@ def save_random_qwen3(folder, architecture, sentence_transformers=None, std=0.1,
         pooling = {"word_embedding_dimension": 64, "pooling_mode": sentence_transformers}
         (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
     return model
+
+
+def randomized(model, std):
+    """Norm scales around one, as trained norms are; every other weight (biases too) larger than the
+    default init, so that every one matters."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5)
+            else:
+                parameter.normal_(0.0, std)
+    return model
+
+
+def save_word_tokenizer(folder):
+    """A word-level tokenizer holding Qwen's specials and the judge's yes/no."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{index}": index for index in range(len(vocab), VOCAB_SIZE)})
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
 
 
 def random_sequences(seqlens=SEQLENS, seed=1):
