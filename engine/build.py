@@ -37,6 +37,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         head_dim=shape.head_dim,
         dtype=DTYPES[config.dtype],
         window=shape.window,
+        position_bias=shape.position_bias,
         graphs=config.uses_cuda_graphs,
     )
     model = load_model(spec, device, DTYPES[config.dtype], backend)

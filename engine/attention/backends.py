@@ -17,7 +17,8 @@ the model (heads, head dim, dtype, window; see each backend's `check`):
     other   either       torch
 
 torch, the reference, is always last. flashinfer fits head dims 64/128/256 in bf16/fp16 only. Without
-the model's head_dim and dtype, auto passes over every backend that has limits on them.
+the model's head_dim and dtype, auto passes over every backend that has limits on them. A model with a
+relative position bias (MPNet) runs where one is added to the scores: triton (every length) or torch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.attention.base import AttentionBackend, Window
 from engine.attention.flash_attn_backend import flash_attn_backend
 from engine.attention.flashinfer_backend import flashinfer_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.position_bias import PositionBias
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import torch_varlen_backend
 from engine.attention.triton_backend import triton_backend
@@ -73,14 +75,15 @@ def select_backend(
     head_dim: int | None = None,
     dtype: torch.dtype | None = None,
     window: Window | None = None,
+    position_bias: bool = False,
     graphs: bool = False,
 ) -> AttentionBackend:
     """The backend `name` ("auto" or a key of BACKENDS) for a model of this shape, its `reason` set.
 
     A shape argument left out is not checked, but "auto" then passes over every backend with head-dim or
     dtype limits (without the shape it gives torch, as before). `window` is the normalized (left, right)
-    window, as `normalize_window` gives it. `graphs` says whether the engine wants CUDA graphs; it steers
-    "auto" only.
+    window, as `normalize_window` gives it. `position_bias`: the model adds a PositionBias to its scores.
+    `graphs` says whether the engine wants CUDA graphs; it steers "auto" only.
     """
     device = torch.device(device)
     shape = {
@@ -89,6 +92,7 @@ def select_backend(
         "head_dim": head_dim,
         "dtype": dtype,
         "window": window,
+        "position_bias": position_bias,
     }
     graphs = graphs and device.type == "cuda"
     if name == "auto":
@@ -156,8 +160,13 @@ def varlen_attention(
     backend: AttentionBackend,
     causal: bool = False,
     window: int | tuple[int, int] | None = None,
+    bias: PositionBias | None = None,
 ) -> torch.Tensor:
     # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
     if q.shape[1] % k.shape[1] != 0 or k.shape != v.shape:
         raise ValueError(f"bad attention shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return backend.forward(q, k, v, meta, causal, normalize_window(window, causal))
+    if bias is None:
+        return backend.forward(q, k, v, meta, causal, normalize_window(window, causal))
+    if not backend.adds_position_bias:  # select_backend never picks one for such a model
+        raise ValueError(f"attention backend {backend.name} cannot add a position bias")
+    return backend.forward(q, k, v, meta, causal, normalize_window(window, causal), bias)

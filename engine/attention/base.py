@@ -10,15 +10,18 @@ from engine.errors import AttentionBackendUnavailable
 
 if TYPE_CHECKING:
     from engine.attention.metadata import AttentionMetadata
+    from engine.attention.position_bias import PositionBias
 
 Window = tuple[int, int]  # (left, right) keys around each query; -1 is unbounded
 
 
 class AttentionBackend:
-    """An adapter sets `name`, `graph_safe`, `head_dims` and `dtypes`, and implements `forward`."""
+    """An adapter sets `name`, `graph_safe`, `head_dims`, `dtypes` and `adds_position_bias`, and implements
+    `forward`."""
 
     name: str
     graph_safe: bool = False  # reads only device tensors and an upper-bound max_seqlen: graph-capturable
+    adds_position_bias: bool = False  # adds a PositionBias to the scores (MPNet's relative positions)
     head_dims: frozenset[int] | None = None  # None: any
     dtypes: frozenset[torch.dtype] | None = None  # None: any
     reason: str = ""  # why select_backend chose it, for the start-up log
@@ -30,8 +33,11 @@ class AttentionBackend:
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
         window: Window | None = None,
+        position_bias: bool = False,
     ) -> None:
         """Raise AttentionBackendUnavailable saying why this backend cannot run the shape; None skips."""
+        if position_bias and not self.adds_position_bias:
+            raise AttentionBackendUnavailable(f"{self.name} cannot add a relative position bias")
         if num_heads is not None and num_kv_heads is not None:
             if num_kv_heads < 1 or num_heads % num_kv_heads:
                 raise AttentionBackendUnavailable(
@@ -55,8 +61,10 @@ class AttentionBackend:
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        bias: PositionBias | None = None,
     ) -> torch.Tensor:
-        """q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q."""
+        """q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q; `bias`
+        only where `adds_position_bias`."""
         raise NotImplementedError
 
 

@@ -93,8 +93,9 @@ class FlashInferAttention(AttentionBackend):
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
         window: Window | None = None,
+        position_bias: bool = False,
     ) -> None:
-        super().check(num_heads, num_kv_heads, head_dim, dtype)
+        super().check(num_heads, num_kv_heads, head_dim, dtype, position_bias=position_bias)
         causal, window_left = mask_arguments(False, window)
         if None in (num_heads, num_kv_heads, head_dim, dtype) or self.device.type != "cuda":
             return

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.position_bias import PositionBias
 
 
 def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tensor:
@@ -22,9 +23,22 @@ def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tens
     return allowed
 
 
+def run_mask(
+    seqlen: int, window: Window | None, bias: PositionBias | None, q: torch.Tensor
+) -> torch.Tensor | None:
+    """SDPA's mask for sequences of `seqlen` tokens: boolean for a window, additive (in q's dtype, -inf
+    outside the window) for a position bias, None for neither."""
+    allowed = None if window is None else window_mask(seqlen, window, q.device)
+    if bias is None:
+        return allowed
+    additive = bias.matrix(seqlen).to(q.dtype)
+    return additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
+
+
 class TorchAttention(AttentionBackend):
     name = "torch"
     graph_safe = False  # splits the batch by the host-side runs of the metadata
+    adds_position_bias = True
     head_dims = None
     dtypes = None
 
@@ -36,16 +50,17 @@ class TorchAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         _, num_heads, head_dim = q.shape
         if k.shape[1] != num_heads:
             k = k.repeat_interleave(num_heads // k.shape[1], dim=1)
             v = v.repeat_interleave(num_heads // v.shape[1], dim=1)
-        # a causal mask without a window is SDPA's own is_causal; any window needs an explicit mask
-        use_is_causal = causal and window is None
-        if window is not None and causal:
-            window = (window[0], 0)
+        # a causal mask without a window or bias is SDPA's own is_causal; else an explicit mask says it
+        use_is_causal = causal and window is None and bias is None
+        if causal and not use_is_causal:
+            window = (window[0] if window is not None else -1, 0)
         out = q.new_empty(q.shape)
         masks: dict[int, torch.Tensor | None] = {}
         for first, num_seqs, seqlen in meta.runs:
@@ -55,7 +70,7 @@ class TorchAttention(AttentionBackend):
                 x[first:end].view(num_seqs, seqlen, num_heads, head_dim).transpose(1, 2) for x in (q, k, v)
             )
             if seqlen not in masks:
-                masks[seqlen] = None if window is None else window_mask(seqlen, window, q.device)
+                masks[seqlen] = run_mask(seqlen, window, bias, q)
             run_out = F.scaled_dot_product_attention(
                 run_q, run_k, run_v, attn_mask=masks[seqlen], is_causal=use_is_causal
             )

@@ -24,6 +24,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, Window
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.position_bias import PositionBias
 from engine.attention.torch_varlen import torch_varlen_backend
 from engine.errors import AttentionBackendUnavailable
 
@@ -34,6 +35,7 @@ SHORT_SEQLEN = 128  # batches whose longest sequence is at most this run the pac
 class TritonAttention(AttentionBackend):
     name = "triton"
     graph_safe = True  # reads cu_seqlens and segment ids on the device, nothing on the host
+    adds_position_bias = True  # reads the bias of each score's offset from a table
     head_dims = frozenset(range(16, 257, 16))
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
@@ -48,11 +50,12 @@ class TritonAttention(AttentionBackend):
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
         window: Window | None = None,
+        position_bias: bool = False,
     ) -> None:
-        super().check(num_heads, num_kv_heads, head_dim, dtype, window)
+        super().check(num_heads, num_kv_heads, head_dim, dtype, window, position_bias)
         if self.long_sequences is not None:
             try:
-                self.long_sequences.check(num_heads, num_kv_heads, head_dim, dtype, window)
+                self.long_sequences.check(num_heads, num_kv_heads, head_dim, dtype, window, position_bias)
             except AttentionBackendUnavailable:
                 self.long_sequences = None  # this kernel runs every batch of such a model
 
@@ -64,6 +67,7 @@ class TritonAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         if self.long_sequences is not None and meta.max_seqlen > SHORT_SEQLEN:
@@ -78,13 +82,15 @@ class TritonAttention(AttentionBackend):
             right = 0
         block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_seqlen)
         grid = (triton_cdiv(num_tokens, block_m), num_heads)
+        # the table in exp2's units; without a bias the kernel never reads it, and q stands in for it
+        table, max_offset = (bias.by_offset * LOG2_E, bias.max_offset) if bias is not None else (q, 0)
         self._kernel[grid](
-            q, k, v, out, meta.segment_ids, meta.cu_seqlens,
+            q, k, v, out, meta.segment_ids, meta.cu_seqlens, table,
             num_tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1),
-            num_heads // k.shape[1], head_dim, LOG2_E / math.sqrt(head_dim), left, right,
+            out.stride(0), out.stride(1), table.stride(0),
+            num_heads // k.shape[1], head_dim, LOG2_E / math.sqrt(head_dim), left, right, max_offset,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
-            num_warps=num_warps, num_stages=num_stages,
+            HAS_BIAS=bias is not None, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return out
 
@@ -112,10 +118,10 @@ def _triton_kernel():
     # compile one for sizes that divide by 16 and one for those that do not, the first at a request)
     @triton.jit(do_not_specialize=["num_tokens"])
     def packed_attention(
-        q_ptr, k_ptr, v_ptr, out_ptr, segment_ptr, cu_seqlens_ptr,
+        q_ptr, k_ptr, v_ptr, out_ptr, segment_ptr, cu_seqlens_ptr, bias_ptr,
         num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-        group_size, head_dim, qk_scale, window_left, window_right,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        stride_bias_head, group_size, head_dim, qk_scale, window_left, window_right, max_offset,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
         first_row = tl.program_id(0) * BLOCK_M
         head = tl.program_id(1)
@@ -151,6 +157,9 @@ def _triton_kernel():
                 other=0.0,
             )
             scores = tl.dot(q, tl.trans(k)) * qk_scale
+            if HAS_BIAS:  # the table's column of each key's offset from its query
+                offsets = tl.minimum(tl.maximum(keys[None, :] - rows[:, None], -max_offset), max_offset)
+                scores += tl.load(bias_ptr + head * stride_bias_head + offsets + max_offset)
             allowed = segments[:, None] == key_segments[None, :]
             if window_right >= 0:
                 allowed &= keys[None, :] <= rows[:, None] + window_right

@@ -25,6 +25,7 @@ class AttentionShape:
     num_kv_heads: int
     head_dim: int
     window: tuple[int, int] | None = None  # of its sliding-window layers, where it has any
+    position_bias: bool = False  # adds a relative position bias to its scores (MPNet)
 
 
 @dataclass(frozen=True, slots=True)

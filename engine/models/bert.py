@@ -1,8 +1,9 @@
-"""Packed BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT): a Backbone, each
-variant a record of switches and names."""
+"""Packed BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, MPNet): a Backbone,
+each variant a record of switches and names."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
+from engine.attention.position_bias import PositionBias
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
@@ -25,6 +27,13 @@ if TYPE_CHECKING:
 BERT_LAYER_NAMES = {
     "attention.output.dense": "attention_out",
     "attention.output.LayerNorm": "attention_norm",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+    "output.LayerNorm": "mlp_norm",
+}
+MPNET_LAYER_NAMES = {
+    "attention.attn.o": "attention_out",
+    "attention.LayerNorm": "attention_norm",
     "intermediate.dense": "up",
     "output.dense": "down",
     "output.LayerNorm": "mlp_norm",
@@ -54,6 +63,9 @@ class BertVariant:
     # config attributes where this variant's config names them otherwise (the rest are BERT's)
     config_names: dict[str, str] = field(default_factory=dict)
     layer_norm_eps: float | None = None  # fixed by the variant; None: the config's
+    padding_index: int | None = None  # fixed by the variant (MPNet's is 1 whatever the config says)
+    # MPNet: every layer adds a bias by relative position, its 32 buckets' table in "encoder."
+    relative_position_bias: bool = False
 
 
 # BERT's pooler and `cls.*`, RoBERTa's `lm_head.*`
@@ -79,12 +91,23 @@ DISTILBERT = BertVariant(
     config_names={"intermediate_size": "hidden_dim", "hidden_act": "activation"},
     layer_norm_eps=1e-12,
 )
+MPNET = BertVariant(
+    True,
+    "none",
+    ROBERTA.classifier,
+    ("pooler.", "lm_head."),
+    layer_names=MPNET_LAYER_NAMES,
+    qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
+    padding_index=1,
+    relative_position_bias=True,
+)
 VARIANTS = {
     "bert": BERT,
     "roberta": ROBERTA,
     "xlm-roberta": ROBERTA,
     "camembert": ROBERTA,
     "distilbert": DISTILBERT,
+    "mpnet": MPNET,
 }
 
 
@@ -101,6 +124,7 @@ class BertConfig:
     max_position_embeddings: int
     type_vocab_size: int  # 0: no table
     position_offset: int
+    num_buckets: int  # of the relative position bias; 0: none
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> BertConfig:
@@ -117,6 +141,8 @@ class BertConfig:
         def setting(name: str) -> Any:
             return getattr(hf_config, variant.config_names.get(name, name))
 
+        padding_index = hf_config.pad_token_id if variant.padding_index is None else variant.padding_index
+
         return cls(
             variant=variant,
             vocab_size=hf_config.vocab_size,
@@ -128,7 +154,8 @@ class BertConfig:
             layer_norm_eps=variant.layer_norm_eps or setting("layer_norm_eps"),
             max_position_embeddings=hf_config.max_position_embeddings,
             type_vocab_size=0 if variant.token_types == "none" else setting("type_vocab_size"),
-            position_offset=hf_config.pad_token_id + 1 if variant.positions_after_padding else 0,
+            position_offset=padding_index + 1 if variant.positions_after_padding else 0,
+            num_buckets=setting("relative_attention_num_buckets") if variant.relative_position_bias else 0,
         )
 
 
@@ -185,11 +212,13 @@ class BertLayer(nn.Module):
         self.down = nn.Linear(config.intermediate_size, hidden_size)
         self.mlp_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, meta: AttentionMetadata, bias: PositionBias | None = None
+    ) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv(hidden).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        attention = varlen_attention(q, k, v, meta, backend=self.attention_backend)
+        attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, bias=bias)
         hidden = self.attention_norm(self.attention_out(attention.reshape(num_tokens, -1)), hidden)
         return self.mlp_norm(self.down(self.up(hidden)), hidden)
 
@@ -197,7 +226,7 @@ class BertLayer(nn.Module):
 class BertBackbone(Backbone):
     """Embeddings (+ LayerNorm) and post-norm layers; nothing to finish."""
 
-    checkpoint_prefixes = ("bert.", "roberta.", "distilbert.")
+    checkpoint_prefixes = ("bert.", "roberta.", "distilbert.", "mpnet.")
     ignored_weights = ("embeddings.position_ids", "embeddings.token_type_ids")
     token_embeddings = "embeddings.word_embeddings.weight"
 
@@ -208,6 +237,9 @@ class BertBackbone(Backbone):
         self.pretraining_heads = config.variant.pretraining_heads
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config, attention_backend) for _ in range(config.num_layers))
+        self.relative_attention_bias = (
+            nn.Embedding(config.num_buckets, config.num_heads) if config.num_buckets else None
+        )
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:
@@ -220,7 +252,9 @@ class BertBackbone(Backbone):
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         config = BertConfig.from_hf(spec.hf_config)
-        return AttentionShape(config.num_heads, config.num_heads, config.hidden_size // config.num_heads)
+        head_dim = config.hidden_size // config.num_heads
+        bias = config.num_buckets > 0
+        return AttentionShape(config.num_heads, config.num_heads, head_dim, position_bias=bias)
 
     @classmethod
     def window(cls, hf_config: Any) -> int:
@@ -234,9 +268,20 @@ class BertBackbone(Backbone):
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden]
         hidden = self.embeddings(batch.input_ids, batch.positions, batch.token_type_ids)
+        bias = self.position_bias()
         for layer in self.layers:
-            hidden = layer(hidden, meta)
+            hidden = layer(hidden, meta, bias)
         return hidden
+
+    def position_bias(self) -> PositionBias | None:
+        """MPNet's bias of each head by the key's offset from its query, computed once a batch as
+        transformers computes it once a forward, for every layer."""
+        if self.relative_attention_bias is None:
+            return None
+        table = self.relative_attention_bias.weight
+        offsets = torch.arange(-MAX_DISTANCE, MAX_DISTANCE + 1, device=table.device)
+        by_offset = self.relative_attention_bias(relative_position_buckets(offsets)).T.float().contiguous()
+        return PositionBias(by_offset, MAX_DISTANCE)
 
     def weight_map(self) -> WeightTargets:
         variant = self.config.variant
@@ -244,6 +289,8 @@ class BertBackbone(Backbone):
         if self.embeddings.token_type_embeddings is None:
             del modules["embeddings.token_type_embeddings"]
         modules["embeddings.LayerNorm"] = "embeddings.norm"
+        if self.relative_attention_bias is not None:
+            modules["encoder.relative_attention_bias"] = "relative_attention_bias"
         targets: WeightTargets = {}
         for index in range(self.config.num_layers):
             source, target = f"{variant.layers}.{index}.", f"layers.{index}."
@@ -254,3 +301,21 @@ class BertBackbone(Backbone):
 
 
 EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+# MPNet's buckets: transformers computes them with these values whatever the config's table size, and
+# every offset past MAX_DISTANCE falls in the last bucket of its side
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+
+
+def relative_position_buckets(offsets: torch.Tensor) -> torch.Tensor:
+    """T5-style buckets of key-minus-query offsets: half the buckets a side, exact up to a quarter of them,
+    then logarithmic up to MAX_DISTANCE (the float32 arithmetic transformers' MPNet uses)."""
+    half = NUM_BUCKETS // 2
+    exact = half // 2
+    distance = offsets.abs()
+    logarithmic = exact + (
+        torch.log(distance.float() / exact) / math.log(MAX_DISTANCE / exact) * (half - exact)
+    ).to(torch.long)
+    logarithmic = logarithmic.clamp(max=half - 1)
+    # transformers' side flag is of the query-minus-key offset: keys after their query take the upper half
+    return (offsets > 0).long() * half + torch.where(distance < exact, distance, logarithmic)

@@ -69,6 +69,7 @@ MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "xlm-roberta": (BERT, "XLMRobertaModel"),
     "camembert": (BERT, "CamembertModel"),
     "distilbert": (BERT, "DistilBertModel"),
+    "mpnet": (BERT, "MPNetModel"),
     "modernbert": (MODERNBERT, "ModernBertModel"),
     "qwen3": (QWEN3, "Qwen3Model"),
     "qwen2": (DECODER, "Qwen2Model"),

@@ -11,7 +11,7 @@ from engine.errors import AttentionBackendUnavailable
 SEQLENS = [1, 5, 5, 7, 3, 3, 3, 12]
 
 
-def naive_attention(q, k, v, seqlens, causal=False, window=(-1, -1)):
+def naive_attention(q, k, v, seqlens, causal=False, window=(-1, -1), by_offset=None, max_offset=0):
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     outputs, start = [], 0
@@ -19,6 +19,8 @@ def naive_attention(q, k, v, seqlens, causal=False, window=(-1, -1)):
         sq, sk, sv = (x[start : start + seqlen].transpose(0, 1) for x in (q, k, v))
         scores = sq @ sk.transpose(1, 2) / math.sqrt(q.shape[-1])
         query, key = torch.arange(seqlen)[:, None], torch.arange(seqlen)[None, :]
+        if by_offset is not None:  # [heads, 2 * max_offset + 1], by key - query
+            scores = scores + by_offset[:, (key - query).clamp(-max_offset, max_offset) + max_offset]
         allowed = torch.ones(seqlen, seqlen, dtype=torch.bool)
         left, right = window
         if causal:
@@ -71,6 +73,21 @@ def test_torch_backend_matches_naive(meta, causal, window, naive_window):
     expected = naive_attention(q, k, v, SEQLENS, causal=causal, window=naive_window)
     assert out.shape == q.shape
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("causal", "window"), [(False, None), (True, None), (False, (2, 1))])
+def test_torch_backend_adds_the_position_bias(meta, causal, window):
+    from engine.attention.position_bias import PositionBias
+
+    q, k, v = random_qkv()
+    by_offset = torch.randn(4, 7, generator=torch.Generator().manual_seed(2)) * 2.0  # clamped past 3
+    bias = PositionBias(by_offset, max_offset=3)
+    backend = select_backend("torch", "cpu", position_bias=True)
+    out = varlen_attention(q, k, v, meta, backend=backend, causal=causal, window=window, bias=bias)
+    naive_window = window or (-1, -1)
+    expected = naive_attention(q, k, v, SEQLENS, causal, naive_window, by_offset, max_offset=3)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, naive_attention(q, k, v, SEQLENS, causal, naive_window), atol=1e-3)
 
 
 def test_grouped_query_attention(meta):

@@ -40,12 +40,13 @@ def tiny_config(family, architecture, num_labels=1):
     )
 
 
-def save_random_model(folder, model_class, config):
+def save_random_model(folder, model_class, config, std=0.2):
+    """std None keeps transformers' init (real-size shapes, which larger weights saturate)."""
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():
-        for parameter in model.parameters():  # larger than the default init, so every weight matters
-            parameter.normal_(0.0, 0.2)
+        for parameter in model.parameters() if std is not None else ():
+            parameter.normal_(0.0, std)  # larger than the default init, so every weight matters
     model.save_pretrained(folder)
     # the loader wants a fast tokenizer file next to the weights; its vocabulary plays no part here
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}

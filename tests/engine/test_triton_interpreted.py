@@ -118,6 +118,29 @@ def test_packed_attention_matches_the_reference(
         start = end
 
 
+@pytest.mark.parametrize(
+    ("lengths", "causal", "window"),
+    [([5, 1, 70, 9, 40], False, None), ([150, 3, 90], False, None), ([90, 40, 7], True, 16)],
+)
+def test_packed_attention_adds_the_position_bias(interpreted, lengths, causal, window):
+    """MPNet's bias by offset, clamped past max_offset (8 here, so that long sequences reach the clamp),
+    in 16- and 64-row tiles that span sequences; the torch backend's bias is checked in test_attention."""
+    from engine.attention.position_bias import PositionBias
+
+    q, kv = random_qkv(sum(lengths), 3, 3, 32, seed=sum(lengths))
+    k, v = kv[:, :3], kv[:, 3:]
+    meta = AttentionMetadata.build(
+        torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32), max(lengths)
+    )
+    bias = PositionBias(torch.randn(3, 17, generator=torch.Generator().manual_seed(5)) * 3.0, max_offset=8)
+    normalized = normalize_window(window, causal)
+    got = packed_attention().forward(q, k, v, meta, causal, normalized, bias)
+    expected = TorchAttention().forward(q, k, v, meta, causal, normalized, bias)
+    unbiased = TorchAttention().forward(q, k, v, meta, causal, normalized)
+    assert relative_error(got, expected) <= 1e-4
+    assert relative_error(unbiased, expected) > 1e-2
+
+
 def test_packed_attention_with_empty_slots_and_an_upper_bound(interpreted):
     """As a CUDA graph runs it: zero-length slots in cu_seqlens, max_seqlen only an upper bound."""
     lengths = [20, 0, 44, 0, 0, 9]
