@@ -11,7 +11,7 @@ from engine.engine import Engine
 from engine.loader import ModelSpec
 from engine.replica_pool import ReplicaPool
 from scoring.rerank import RerankModel
-from scoring.templates import JUDGE_PROMPTS, TextPrompts
+from scoring.templates import TextPrompts
 
 EMBED = "embed"
 RERANK = "rerank"
@@ -36,8 +36,8 @@ class ServedModel:
 
     def rerank_model(self) -> RerankModel:
         spec = self.spec
-        if spec.pair_format in JUDGE_PROMPTS:
-            prompts = JUDGE_PROMPTS[spec.pair_format]
+        if self.encoder.pair_prompt is not None:
+            prompts = self.encoder.pair_prompt
         elif spec.task == "embed":
             # an embedding model ranks with its own query and document prompts, as its retrieval does
             prompts = TextPrompts(

@@ -9,6 +9,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from tokenizers import Tokenizer
+
 from api.config import ServerConfig, engine_config_for
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
@@ -21,6 +23,7 @@ from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
 from engine.replica_pool import ReplicaPool
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
+from scoring.templates import pair_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class Server:
                 spec.vocab_size,
                 spec.pair_format,
                 self.config.tokenizer_threads,
+                spec.logit_score.chat_template if spec.logit_score is not None else None,
             )
             served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
             logger.info(
@@ -154,9 +158,13 @@ class Server:
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
         config = self.config
-        return resolve_model(
+        spec = resolve_model(
             model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
         )
+        if spec.logit_score is not None:  # a chat template that cannot lay out a pair fails here, early
+            tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+            pair_prompt(spec.pair_format, tokenizer, spec.logit_score.chat_template)
+        return spec
 
     def engine_config(self, max_window: int) -> EngineConfig:
         return engine_config_for(self.config, max_window)

@@ -6,12 +6,15 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tokenizers import Tokenizer
 
 from api.errors import InputTooLong, InvalidInput
-from scoring.templates import JUDGE_PROMPTS, PairTemplate, SingleTemplate
+from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
+
+if TYPE_CHECKING:
+    from engine.cross_encoder import ChatTemplate
 
 T = TypeVar("T")
 # tokenizing more than this many characters at once moves off the event loop, split over the encoder's
@@ -34,6 +37,7 @@ class TextEncoder:
         vocab_size: int,
         pair_format: str = "pair",
         num_threads: int = 1,
+        chat_template: ChatTemplate | None = None,
     ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.tokenizer.no_truncation()
@@ -43,8 +47,10 @@ class TextEncoder:
         self.num_threads = max(1, num_threads)
         self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
-        if pair_format in JUDGE_PROMPTS:
-            self.pair = JUDGE_PROMPTS[pair_format].pair_template(self.tokenizer)
+        # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template
+        self.pair_prompt = pair_prompt(pair_format, self.tokenizer, chat_template)
+        if self.pair_prompt is not None:
+            self.pair = self.pair_prompt.pair_template(self.tokenizer)
         else:
             self.pair = PairTemplate.from_tokenizer(self.tokenizer)
 

@@ -439,6 +439,40 @@ def build_qwen2_cross_encoder(folder: Path) -> nn.Module:
     return save(folder, randomize(transformers.Qwen2ForSequenceClassification(config), 0.1), tokenizer)
 
 
+# a causal reranker's chat template that lays out a sentence-transformers pair (a "query" and a
+# "document" message); the query's first word follows ": " and the document's first word follows ":"
+LOGIT_SCORE_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document answers the Query. Answer yes or no.<|im_end|>\n"
+    "{% for message in messages %}{% if message['role'] == 'query' %}"
+    "<|im_start|>user\n<Query>: {{ message['content'] }}\n"
+    "{% elif message['role'] == 'document' %}<Document>:{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_logit_score_reranker(folder: Path):
+    """A sentence-transformers 6 CrossEncoder of a causal LM, as CrossEncoder.save writes it: a
+    Qwen2ForCausalLM, a LogitScore module ("yes" less "no" at the last token), the chat template above
+    with add_generation_prompt; returns sentence-transformers' CrossEncoder loaded from the folder."""
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    tokenizer = qwen3_tokenizer(append_endoftext=False)
+    config = decoder_config("Qwen2Config", "Qwen2ForCausalLM", tokenizer, tie_word_embeddings=False)
+    source = folder.parent / f"{folder.name}-source"
+    source.mkdir()
+    save(source, randomize(transformers.Qwen2ForCausalLM(config), 0.1), tokenizer)
+    tokenizer_config = {
+        "chat_template": LOGIT_SCORE_TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"
+    }  # fmt: skip
+    (source / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    CrossEncoder(str(source), device="cpu").save(str(folder))
+    settings = json.loads((folder / "sentence_bert_config.json").read_text())
+    settings["processing_kwargs"] = {"chat_template": {"add_generation_prompt": True}}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(settings))
+    return CrossEncoder(str(folder), device="cpu")
+
+
 def build_electra_embedder(folder: Path) -> nn.Module:
     """An ELECTRA embedder (posy packs no ELECTRA: it runs through transformers, sdpa), mean-pooled."""
     import transformers
@@ -709,6 +743,11 @@ E5_MISTRAL = Family("tiny-e5-mistral", "intfloat/e5-mistral-7b-instruct", build_
 QWEN2_CROSS_ENCODER = Family(
     "tiny-qwen2-cross-encoder", "a Qwen2ForSequenceClassification reranker", build_qwen2_cross_encoder,
     classifier_logit,
+)  # fmt: skip
+# sentence-transformers' own CrossEncoder is the reference: it renders the chat template itself
+LOGIT_SCORE_RERANKER = Family(
+    "tiny-logit-score-reranker", "a sentence-transformers 6 CrossEncoder of a causal LM (LogitScore)",
+    build_logit_score_reranker,
 )  # fmt: skip
 ELECTRA_EMBEDDER = Family(
     "tiny-electra-embedder", "an ELECTRA sentence-transformers model (the transformers fallback)",

@@ -26,6 +26,7 @@ from .families import (
     CROSS_ENCODERS,
     EMBEDDERS,
     JUDGE_INSTRUCTION,
+    LOGIT_SCORE_RERANKER,
     MAX_POSITIONS,
     QWEN3_EMBEDDING,
     QWEN3_EMBEDDING_PROMPTS,
@@ -293,6 +294,26 @@ def test_qwen3_reranker_tei_rerank_gives_the_same_scores(qwen3_reranker):
     assert response.status_code == 200, response.text
     ranked = [(item["index"], item["score"]) for item in response.json()]
     assert_ranked_as(ranked, judge_expected(qwen3_reranker))
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_logit_score_cross_encoder_scores_as_sentence_transformers_predicts(serve, version):
+    """The causal LM's chat template lays out each pair; the score is sigmoid("yes" - "no")."""
+    served = serve(LOGIT_SCORE_RERANKER)
+    response = cohere_rerank(served, version, query=QUERY, documents=DOCUMENTS)
+    expected = served.reference.predict([(QUERY, document) for document in DOCUMENTS]).tolist()
+    assert_ranked_as(cohere_ranked(response), expected)
+
+
+def test_a_logit_score_cross_encoder_gives_the_log_odds_as_tei_raw_scores(serve):
+    import torch
+
+    served = serve(LOGIT_SCORE_RERANKER)
+    response = post(served, "/rerank", {"query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
+    assert response.status_code == 200, response.text
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    expected = served.reference.predict(pairs, activation_fn=torch.nn.Identity()).tolist()
+    assert_ranked_as([(item["index"], item["score"]) for item in response.json()], expected)
 
 
 @pytest.mark.parametrize("route", ["/v1/rerank", "/v2/rerank", "/rerank"])

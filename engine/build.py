@@ -13,7 +13,7 @@ from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
-from engine.models.registry import lookup
+from engine.models.registry import spec_entry
 from engine.progress import progress
 from engine.runner import ModelRunner
 
@@ -28,7 +28,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         torch.cuda.set_device(device)
     if spec.implementation == "transformers":
         return fallback_engine(spec, config, device, on_batch)
-    shape = lookup(spec.architecture, spec.hf_config.model_type).family.backbone.attention_shape(spec)
+    shape = spec_entry(spec).family.backbone.attention_shape(spec)
     backend = select_backend(
         config.attention_backend,
         device,

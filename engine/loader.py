@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.config import MODEL_IMPLS
+from engine.cross_encoder import LogitScore, module_kinds, read_cross_encoder
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
 from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
@@ -73,6 +74,7 @@ class ModelSpec:
     dense: tuple[DenseLayout, ...] = ()  # sentence-transformers Dense modules after pooling
     implementation: str = "posy"  # "posy": a packed model; "transformers": the fallback
     trust_remote_code: bool = False  # the fallback may run the code in the checkpoint folder
+    logit_score: LogitScore | None = None  # a sentence-transformers CrossEncoder's judge of a causal LM
 
 
 def resolve_model(
@@ -149,10 +151,12 @@ def read_spec(
     # with the checkpoint's own head; its other folders run the checkpoint as the bare model
     cross_encoder = prompts_config.get("model_type") == "CrossEncoder"
     run_bare = modules is not None and not cross_encoder
+    # a LogitScore module makes any causal LM posy packs a judge
+    logit_score_module = cross_encoder and "LogitScore" in module_kinds(modules or [])
     entry, implementation = None, "transformers"
     if model_impl != "transformers":
         try:
-            entry = lookup(given, hf_config.model_type, run_bare)
+            entry = lookup(given, hf_config.model_type, run_bare, judge=logit_score_module)
             entry.family.backbone.check(hf_config)  # a config value posy cannot honour
             implementation = "posy"
         except UnsupportedModel as why:
@@ -165,8 +169,11 @@ def read_spec(
         if remote_code and not trust_remote_code:
             raise UnsupportedModel(REMOTE_CODE.format(name=name))
     architecture, task = entry.architecture, entry.task
+    logit_score = None
     if cross_encoder:
-        check_cross_encoder(name, architecture, task, modules or [])
+        logit_score = read_cross_encoder(
+            name, folder, transformer_dir, architecture, entry.head, modules or []
+        )
     bidirectional = entry.family.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
     if bidirectional and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
@@ -196,6 +203,8 @@ def read_spec(
     if not tokenizer_path.is_file():
         raise UnsupportedModel(f"model {name!r}: no fast tokenizer (tokenizer.json) in {transformer_dir}")
     num_labels = hf_config.num_labels if task == "score" else None
+    if logit_score is not None:
+        num_labels = 1  # its score: the true token's logit, less the false one's
     return ModelSpec(
         path=transformer_dir,
         name=name,
@@ -212,7 +221,8 @@ def read_spec(
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
         bidirectional=bidirectional,
-        pair_format=entry.pair_format_of(model_card(folder)),
+        pair_format="chat-template" if logit_score is not None else entry.pair_format_of(model_card(folder)),
+        logit_score=logit_score,
         implementation=implementation,
         trust_remote_code=trust_remote_code,
         dense=dense,
@@ -245,21 +255,6 @@ def sentence_transformers_path(
         if module["type"].rsplit(".", 1)[-1] == kind:
             return module.get("path", "")
     return default
-
-
-def check_cross_encoder(name: str, architecture: str, task: str, modules: list[dict]) -> None:
-    """A sentence-transformers CrossEncoder folder posy serves: a sequence classifier, no other module."""
-    others = [module["type"].rsplit(".", 1)[-1] for module in modules]
-    others = [kind for kind in others if kind != "Transformer"]
-    if others:
-        raise UnsupportedModel(
-            f"model {name!r}: sentence-transformers CrossEncoder modules {others} are not supported"
-        )
-    if task != "score":
-        raise UnsupportedModel(
-            f"model {name!r}: a sentence-transformers CrossEncoder needs a *ForSequenceClassification "
-            f"checkpoint, not {architecture}"
-        )
 
 
 def sentence_transformers_pooling(

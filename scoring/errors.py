@@ -19,3 +19,7 @@ class TooManyChunks(ScoringError):
             f"the documents split into {num_chunks} chunks, more than {max_chunks} a request; "
             "send fewer or shorter documents, or lower max_chunks_per_doc / max_tokens_per_doc"
         )
+
+
+class TemplateError(ValueError):
+    """A model's chat template that cannot lay out a (query, document) pair: a start-up error."""

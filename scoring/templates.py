@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tokenizers import Tokenizer
+
+from scoring.errors import TemplateError
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,3 +136,74 @@ QWEN3_JUDGE = JudgePrompt(
     default_instruction="Given a web search query, retrieve relevant passages that answer the query",
 )
 JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE}
+QUERY_MARK, DOCUMENT_MARK = "\x00posy-query\x00", "\x00posy-document\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPairPrompt:
+    """A sentence-transformers CrossEncoder's pair laid out by the model's chat template: the template's
+    text before the query, between query and document, and after the document. The last word the
+    tokenizer's pre-tokenizer cuts from a piece is handed to the text after it, so that the pieces
+    tokenize apart as the whole rendered text does (byte-level BPE joins ": word" or ">:word" across
+    the seam). There is no instruction."""
+
+    prefix: str
+    middle: str
+    suffix: str
+    query_lead: str = ""
+    document_lead: str = ""
+
+    @classmethod
+    def from_template(cls, source: str, variables: dict, tokenizer: Tokenizer) -> ChatPairPrompt:
+        from scoring.chat_template import render_pair
+
+        text = render_pair(source, variables, QUERY_MARK, DOCUMENT_MARK)
+        if text.count(QUERY_MARK) != 1 or text.count(DOCUMENT_MARK) != 1:
+            raise TemplateError("the chat template does not render the query and the document once each")
+        prefix, rest = text.split(QUERY_MARK)
+        if DOCUMENT_MARK not in rest:
+            raise TemplateError("the chat template renders the document before the query")
+        middle, suffix = rest.split(DOCUMENT_MARK)
+        prefix, query_lead = _hand_on(prefix, tokenizer)
+        middle, document_lead = _hand_on(middle, tokenizer)
+        return cls(prefix, middle, suffix, query_lead, document_lead)
+
+    def query_text(self, query: str, instruction: str | None = None) -> str:
+        return self.query_lead + query
+
+    def document_text(self, document: str) -> str:
+        return self.document_lead + document
+
+    def pair_template(self, tokenizer: Tokenizer) -> PairTemplate:
+        """The template's fixed tokens around (query text, document text), no token types."""
+        prefix, middle, suffix = (
+            tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+            for text in (self.prefix, self.middle, self.suffix)
+        )
+        return PairTemplate(
+            Piece(prefix, (0,) * len(prefix)), Piece(middle, (0,) * len(middle)),
+            Piece(suffix, (0,) * len(suffix)), 0, 0,
+        )  # fmt: skip
+
+
+def _hand_on(piece: str, tokenizer: Tokenizer) -> tuple[str, str]:
+    """(piece, its last pre-token), the pre-token left empty after a special token or a newline."""
+    special = [token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special]
+    if not piece or piece.endswith(("\n", *special)) or tokenizer.pre_tokenizer is None:
+        return piece, ""
+    starts = [start for _, (start, _) in tokenizer.pre_tokenizer.pre_tokenize_str(piece)]
+    last = max([*starts, *(piece.rfind(token) + len(token) for token in special if token in piece)])
+    return piece[:last], piece[last:]
+
+
+PairPrompt = JudgePrompt | ChatPairPrompt
+
+
+def pair_prompt(pair_format: str, tokenizer: Tokenizer, chat_template: Any = None) -> PairPrompt | None:
+    """The prompt a model's pairs are laid out by: a judge's, its chat template's (`chat_template`: an
+    engine.cross_encoder.ChatTemplate), or None for the tokenizer's own pair template."""
+    if pair_format in JUDGE_PROMPTS:
+        return JUDGE_PROMPTS[pair_format]
+    if pair_format == "chat-template":
+        return ChatPairPrompt.from_template(chat_template.source, chat_template.variables, tokenizer)
+    return None

@@ -123,19 +123,24 @@ class Classifier(Head):
 
 class Judge(Head):
     """A causal LM as a reranker: the logits of its judge tokens ("no", "yes") at each sequence's last
-    token, from those rows of the LM head only (never the vocabulary-wide projection)."""
+    token, from those rows of the LM head only (never the vocabulary-wide projection); `log_odds`: one
+    score a sequence, the second token's logit less the first's (sentence-transformers' LogitScore)."""
 
-    def __init__(self, backbone: Backbone, judge_token_ids: tuple[int, ...], tied: bool):
+    def __init__(
+        self, backbone: Backbone, judge_token_ids: tuple[int, ...], tied: bool, log_odds: bool = False
+    ):
         super().__init__(backbone)
         self.judge_token_ids = judge_token_ids
         self.tied = tied
+        self.log_odds = log_odds
         self.judge = nn.Linear(backbone.hidden_size, len(judge_token_ids), bias=False)
         # a tied head is the embedding table: a copy of it that a checkpoint may still carry is not read
         self.ignored_weights = (*backbone.ignored_weights, "lm_head.") if tied else backbone.ignored_weights
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, len(judge_token_ids)] float32
-        return self.judge(self.pooled(batch, meta, "last")).float()
+        # PackedBatch of num_seqs sequences -> [num_seqs, len(judge_token_ids)] (log_odds: 1) float32
+        logits = self.judge(self.pooled(batch, meta, "last")).float()
+        return logits[:, 1:] - logits[:, :1] if self.log_odds else logits
 
     def weight_map(self) -> WeightTargets:
         targets = super().weight_map()

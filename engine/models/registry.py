@@ -114,8 +114,11 @@ class ModelEntry:
         return self.family.can_be_bidirectional and self.head == "embed"
 
 
-def lookup(architecture: str, model_type: str, sentence_transformers: bool = False) -> ModelEntry:
-    """The family and head of a checkpoint; `sentence_transformers`: its folder has modules.json."""
+def lookup(
+    architecture: str, model_type: str, sentence_transformers: bool = False, judge: bool = False
+) -> ModelEntry:
+    """The family and head of a checkpoint; `sentence_transformers`: its folder has modules.json;
+    `judge`: a sentence-transformers LogitScore module makes any decoder's causal LM a judge."""
     if model_type in MODEL_TYPES:
         family, bare = MODEL_TYPES[model_type]
         prefix = bare.removesuffix("Model")
@@ -124,11 +127,16 @@ def lookup(architecture: str, model_type: str, sentence_transformers: bool = Fal
         head = (
             HEAD_SUFFIXES.get(architecture.removeprefix(prefix)) if architecture.startswith(prefix) else None
         )
-        if head in family.heads:
+        if head in family.heads or (judge and head == "judge" and family.decoder):
             return ModelEntry(family, architecture, head)
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported; supported: {', '.join(supported())}"
     )
+
+
+def spec_entry(spec: ModelSpec) -> ModelEntry:
+    """The packed family and head of a spec the loader read."""
+    return lookup(spec.architecture, spec.hf_config.model_type, judge=spec.logit_score is not None)
 
 
 def fallback_entry(architecture: str, sentence_transformers: bool = False) -> ModelEntry:
@@ -155,11 +163,14 @@ def supported() -> list[str]:
 
 def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Module:
     """The spec's backbone under its head (on the current default device; weights not loaded)."""
-    entry = lookup(spec.architecture, spec.hf_config.model_type)
+    entry = spec_entry(spec)
     backbone = entry.family.backbone.from_spec(spec, attention_backend)
     if entry.head == "embed":
         return Embedder(backbone, Pooler(spec.pooling, spec.normalize), spec.dense)
     if entry.head == "classify":
         return Classifier(backbone, backbone.classifier_layout(), spec.hf_config.num_labels)
     tied = bool(getattr(spec.hf_config, "tie_word_embeddings", False))
+    if spec.logit_score is not None:
+        token_ids = spec.logit_score.token_ids
+        return Judge(backbone, token_ids, tied, log_odds=len(token_ids) == 2)
     return Judge(backbone, judge_token_ids(spec), tied)

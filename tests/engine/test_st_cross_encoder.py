@@ -1,6 +1,8 @@
-"""sentence-transformers 6 CrossEncoder folders (modules.json with the Transformer alone, "model_type":
-"CrossEncoder") serve as rerankers: posy's sigmoid of the logit equals CrossEncoder.predict on the same
-folder; other modules in such a folder, or a causal LM under it, are start-up errors naming them."""
+"""sentence-transformers 6 CrossEncoder folders ("model_type": "CrossEncoder") serve as rerankers: a
+sequence classifier alone (posy's sigmoid of the logit equals CrossEncoder.predict on the same folder),
+or a causal LM with its LogitScore module (a judge of the true and false tokens, pairs laid out by the
+chat template; its scores are checked end to end in compat_tests); other modules, a LogitScore on a
+classifier, or a causal LM without LogitScore, are start-up errors naming them."""
 
 import json
 import shutil
@@ -62,14 +64,30 @@ def test_other_modules_in_a_cross_encoder_folder_are_named(tmp_path):
     folder = tmp_path / "cross-encoder"
     save_cross_encoder(folder)
     modules = json.loads((folder / "modules.json").read_text())
-    modules.append(
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_LogitScore",
-            "type": "sentence_transformers.cross_encoder.modules.LogitScore",
-        }
-    )
-    (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(UnsupportedModel, match=r"CrossEncoder modules \['LogitScore'\] are not supported"):
+    kinds = {"Router": "1_Router", "LogitScore": "1_LogitScore"}
+    for kind, path in kinds.items():
+        module = {"idx": 1, "name": "1", "path": path, "type": f"sentence_transformers.modules.{kind}"}
+        (folder / "modules.json").write_text(json.dumps([*modules, module]))
+        error = {
+            "Router": r"CrossEncoder modules \['Router'\] are not supported",
+            "LogitScore": "a LogitScore module needs a causal LM that posy packs, not BertForSequence",
+        }[kind]
+        with pytest.raises(UnsupportedModel, match=error):
+            resolve_model(str(folder))
+
+
+def test_a_logit_score_folder_is_a_judge_of_its_two_tokens_laid_out_by_its_chat_template(tmp_path):
+    from compat_tests.families import build_logit_score_reranker
+
+    folder = tmp_path / "reranker"
+    cross_encoder = build_logit_score_reranker(folder)
+    spec = resolve_model(str(folder))
+    assert (spec.implementation, spec.task, spec.num_labels, spec.output_dim) == ("posy", "score", 1, 1)
+    assert spec.pair_format == "chat-template"
+    logit_score = cross_encoder[1]
+    assert spec.logit_score.token_ids == (logit_score.false_token_id, logit_score.true_token_id)
+    assert spec.logit_score.chat_template.variables["add_generation_prompt"] is True
+    # without its chat template a pair has no layout: a start-up error, not the tokenizer's pair template
+    (folder / "chat_template.jinja").unlink()
+    with pytest.raises(UnsupportedModel, match="lays out pairs with the chat template, which it lacks"):
         resolve_model(str(folder))

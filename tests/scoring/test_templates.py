@@ -1,5 +1,8 @@
 """Templates read off a tokenizer rebuild exactly what the tokenizer itself makes; the Qwen3 judge
-prompt tokenized in two parts gives the ids of its model card's one string."""
+prompt tokenized in two parts gives the ids of its model card's one string, and a chat template's pair
+the ids of its whole rendered text."""
+
+import pytest
 
 from scoring.templates import QWEN3_JUDGE, PairTemplate, SingleTemplate
 
@@ -73,3 +76,43 @@ def test_judge_prompt_tokenizes_as_the_one_string_of_its_model_card():
             suffix = tokenizer.encode(QWEN3_JUDGE.suffix, add_special_tokens=False).ids
             assert ids == prefix + tokenizer.encode(text, add_special_tokens=False).ids + suffix, document
             assert set(types) == {0}
+
+
+CHAT_TEMPLATES = {
+    "space before the content": "{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}"
+    "<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "punctuation before the content": "<Query>:{{ messages[0]['content'] }}\n<Document>:"
+    "{{ messages[1]['content'] }}",
+    "a newline and a special token": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("source", list(CHAT_TEMPLATES.values()), ids=list(CHAT_TEMPLATES))
+def test_a_chat_template_pair_tokenizes_as_its_whole_rendered_text(source):
+    """sentence-transformers tokenizes the rendered template at once; posy tokenizes the query and each
+    document apart and must get the same ids."""
+    from scoring.chat_template import render_pair
+    from scoring.templates import ChatPairPrompt
+
+    tokenizer = byte_level_bpe()
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    variables = {"add_generation_prompt": True}
+    prompt = ChatPairPrompt.from_template(source, variables, tokenizer)
+    template = prompt.pair_template(tokenizer)
+    query = "what is a cat?"
+    for document in [*TEXTS, "", "x", "  two spaces", "\nnew line", "42 cats", "'s quoted", ":colon", "猫"]:
+        ids, _ = template.apply(
+            tokenizer.encode(prompt.query_text(query), add_special_tokens=False).ids,
+            tokenizer.encode(prompt.document_text(document), add_special_tokens=False).ids,
+        )
+        whole = render_pair(source, variables, query, document)
+        assert ids == tokenizer.encode(whole, add_special_tokens=False).ids, (document, whole)
+
+
+def test_a_chat_template_without_the_document_cannot_lay_out_a_pair():
+    from scoring.errors import TemplateError
+    from scoring.templates import ChatPairPrompt
+
+    with pytest.raises(TemplateError, match="does not render the query and the document once each"):
+        ChatPairPrompt.from_template("{{ messages[0]['content'] }}", {}, byte_level_bpe())
