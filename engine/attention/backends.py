@@ -160,13 +160,16 @@ def varlen_attention(
     backend: AttentionBackend,
     causal: bool = False,
     window: int | tuple[int, int] | None = None,
+    scale: float | None = None,
     bias: PositionBias | None = None,
 ) -> torch.Tensor:
-    # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
+    # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q; `scale`
+    # multiplies the scores before softmax (None: 1 / sqrt(head_dim); Gemma3: query_pre_attn_scalar ** -0.5)
     if q.shape[1] % k.shape[1] != 0 or k.shape != v.shape:
         raise ValueError(f"bad attention shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    window = normalize_window(window, causal)
     if bias is None:
-        return backend.forward(q, k, v, meta, causal, normalize_window(window, causal))
+        return backend.forward(q, k, v, meta, causal, window, scale)
     if not backend.adds_position_bias:  # select_backend never picks one for such a model
         raise ValueError(f"attention backend {backend.name} cannot add a position bias")
-    return backend.forward(q, k, v, meta, causal, normalize_window(window, causal), bias)
+    return backend.forward(q, k, v, meta, causal, window, scale, bias)

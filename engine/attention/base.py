@@ -61,10 +61,12 @@ class AttentionBackend:
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
         bias: PositionBias | None = None,
     ) -> torch.Tensor:
-        """q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q; `bias`
-        only where `adds_position_bias`."""
+        """q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q; `scale`
+        multiplies the scores before softmax (None: 1 / sqrt(head_dim)); `bias` only where
+        `adds_position_bias`."""
         raise NotImplementedError
 
 

@@ -39,6 +39,7 @@ class FlashAttnAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         left, right = window if window is not None else (-1, -1)
@@ -51,6 +52,7 @@ class FlashAttnAttention(AttentionBackend):
             cu_seqlens_k=meta.cu_seqlens,
             max_seqlen_q=meta.max_seqlen,
             max_seqlen_k=meta.max_seqlen,
+            softmax_scale=scale,
             causal=causal,
             window_size=(None if left < 0 else left, None if right < 0 else right),
         )

@@ -27,11 +27,14 @@ class PlanKey:
     dtype: torch.dtype
     causal: bool
     window_left: int  # -1: unbounded
+    sm_scale: float | None = None  # None: 1 / sqrt(head_dim)
 
     def __str__(self) -> str:
         mask = "causal" if self.causal else "bidirectional"
         if self.window_left >= 0:
             mask += f", window {self.window_left}"
+        if self.sm_scale is not None:
+            mask += f", scale {self.sm_scale:g}"
         dtype = str(self.dtype).removeprefix("torch.")
         return f"{dtype}, {self.num_heads}/{self.num_kv_heads} heads, head dim {self.head_dim}, {mask}"
 
@@ -109,10 +112,11 @@ class FlashInferAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         causal, window_left = mask_arguments(causal, window)
-        key = PlanKey(q.shape[1], k.shape[1], q.shape[2], q.dtype, causal, window_left)
+        key = PlanKey(q.shape[1], k.shape[1], q.shape[2], q.dtype, causal, window_left, scale)
         return self._wrapper(meta, key, q.shape[0]).run(q, k, v)
 
     def _wrapper(self, meta: AttentionMetadata, key: PlanKey, num_tokens: int) -> Any:
@@ -157,6 +161,7 @@ class FlashInferAttention(AttentionBackend):
             key.head_dim,
             causal=key.causal,
             window_left=key.window_left,
+            sm_scale=key.sm_scale,
             q_data_type=key.dtype,
             kv_data_type=key.dtype,
         )

@@ -50,6 +50,7 @@ class TorchAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
         bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
@@ -72,7 +73,7 @@ class TorchAttention(AttentionBackend):
             if seqlen not in masks:
                 masks[seqlen] = run_mask(seqlen, window, bias, q)
             run_out = F.scaled_dot_product_attention(
-                run_q, run_k, run_v, attn_mask=masks[seqlen], is_causal=use_is_causal
+                run_q, run_k, run_v, attn_mask=masks[seqlen], is_causal=use_is_causal, scale=scale
             )
             out[first:end].view(num_seqs, seqlen, num_heads, head_dim).copy_(run_out.transpose(1, 2))
         return out

@@ -42,6 +42,7 @@ class TorchVarlenAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         gqa = {}
@@ -67,6 +68,7 @@ class TorchVarlenAttention(AttentionBackend):
             meta.cu_seqlens,
             max_seqlen,
             max_seqlen,
+            scale=scale,
             window_size=window_size,
             **gqa,
         )

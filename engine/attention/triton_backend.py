@@ -67,11 +67,12 @@ class TritonAttention(AttentionBackend):
         meta: AttentionMetadata,
         causal: bool,
         window: Window | None,
+        scale: float | None = None,
         bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         if self.long_sequences is not None and meta.max_seqlen > SHORT_SEQLEN:
-            return self.long_sequences.forward(q, k, v, meta, causal, window)
+            return self.long_sequences.forward(q, k, v, meta, causal, window, scale)
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -81,6 +82,7 @@ class TritonAttention(AttentionBackend):
         if causal:
             right = 0
         block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_seqlen)
+        qk_scale = LOG2_E * (1 / math.sqrt(head_dim) if scale is None else scale)
         grid = (triton_cdiv(num_tokens, block_m), num_heads)
         # the table in exp2's units; without a bias the kernel never reads it, and q stands in for it
         table, max_offset = (bias.by_offset * LOG2_E, bias.max_offset) if bias is not None else (q, 0)
@@ -88,7 +90,7 @@ class TritonAttention(AttentionBackend):
             q, k, v, out, meta.segment_ids, meta.cu_seqlens, table,
             num_tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), table.stride(0),
-            num_heads // k.shape[1], head_dim, LOG2_E / math.sqrt(head_dim), left, right, max_offset,
+            num_heads // k.shape[1], head_dim, qk_scale, left, right, max_offset,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
             HAS_BIAS=bias is not None, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip

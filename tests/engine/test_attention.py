@@ -11,13 +11,15 @@ from engine.errors import AttentionBackendUnavailable
 SEQLENS = [1, 5, 5, 7, 3, 3, 3, 12]
 
 
-def naive_attention(q, k, v, seqlens, causal=False, window=(-1, -1), by_offset=None, max_offset=0):
+def naive_attention(
+    q, k, v, seqlens, causal=False, window=(-1, -1), scale=None, by_offset=None, max_offset=0
+):
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     outputs, start = [], 0
     for seqlen in seqlens:
         sq, sk, sv = (x[start : start + seqlen].transpose(0, 1) for x in (q, k, v))
-        scores = sq @ sk.transpose(1, 2) / math.sqrt(q.shape[-1])
+        scores = sq @ sk.transpose(1, 2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
         query, key = torch.arange(seqlen)[:, None], torch.arange(seqlen)[None, :]
         if by_offset is not None:  # [heads, 2 * max_offset + 1], by key - query
             scores = scores + by_offset[:, (key - query).clamp(-max_offset, max_offset) + max_offset]
@@ -85,9 +87,22 @@ def test_torch_backend_adds_the_position_bias(meta, causal, window):
     backend = select_backend("torch", "cpu", position_bias=True)
     out = varlen_attention(q, k, v, meta, backend=backend, causal=causal, window=window, bias=bias)
     naive_window = window or (-1, -1)
-    expected = naive_attention(q, k, v, SEQLENS, causal, naive_window, by_offset, max_offset=3)
+    expected = naive_attention(q, k, v, SEQLENS, causal, naive_window, by_offset=by_offset, max_offset=3)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out, naive_attention(q, k, v, SEQLENS, causal, naive_window), atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_softmax_scale_replaces_one_over_sqrt_head_dim(meta, causal):
+    """Gemma3's query_pre_attn_scalar ** -0.5, here not 1 / sqrt(head_dim); with a two-sided window."""
+    q, k, v = random_qkv(num_heads=4, num_kv_heads=1)
+    out = varlen_attention(
+        q, k, v, meta, backend=select_backend("torch", "cpu"), causal=causal, window=(2, 2), scale=0.4
+    )
+    expected = naive_attention(q, k, v, SEQLENS, causal=causal, window=(2, 2), scale=0.4)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    default = naive_attention(q, k, v, SEQLENS, causal=causal, window=(2, 2))
+    assert (out - default).abs().max().item() > 1e-2
 
 
 def test_grouped_query_attention(meta):

@@ -20,9 +20,9 @@ from engine.errors import AttentionBackendUnavailable
 SEQLENS = [3, 5, 1, 7]
 
 
-def reference(q, k, v, cu_seqlens, causal, window):
+def reference(q, k, v, cu_seqlens, causal, window, scale=None):
     meta = AttentionMetadata.build(cu_seqlens.cpu(), int(torch.diff(cu_seqlens).max()))
-    return TorchAttention().forward(q, k, v, meta, causal, window)
+    return TorchAttention().forward(q, k, v, meta, causal, window, scale)
 
 
 def batch(num_heads=4, num_kv_heads=4, head_dim=16, seqlens=SEQLENS, seed=0):
@@ -167,17 +167,19 @@ class FakeRaggedWrapper:
         *,
         causal=False,
         window_left=-1,
+        sm_scale=None,
         q_data_type=torch.float16,
         kv_data_type=None,
     ):
         assert qo_indptr.device.type == "cpu" and qo_indptr.dtype == torch.int32
         assert torch.equal(qo_indptr, kv_indptr)
         self.plans.append((qo_indptr.tolist(), num_qo_heads, num_kv_heads, head_dim_qk, causal, window_left))
+        self.sm_scale = sm_scale
 
     def run(self, q, k, v):
         indptr, _, _, _, causal, window_left = self.plans[-1]
         window = None if window_left < 0 else (window_left, 0)
-        return reference(q, k, v, torch.tensor(indptr), causal, window)
+        return reference(q, k, v, torch.tensor(indptr), causal, window, self.sm_scale)
 
 
 @pytest.fixture
@@ -231,6 +233,17 @@ def test_flashinfer_plans_once_per_batch_and_mask(flashinfer_cpu):
     second_set = flashinfer_cpu._slots[flashinfer_cpu._turn]
     assert second_set is not first_set
     assert [slot.wrapper.plans for slot in second_set.values()] == [[([0, 2, 4, 16], 8, 2, 16, False, -1)]]
+
+
+def test_flashinfer_plans_with_the_softmax_scale(flashinfer_cpu):
+    """Gemma3's query_pre_attn_scalar ** -0.5 reaches plan(); a new scale is a new plan."""
+    q, k, v, meta = batch(num_heads=8, num_kv_heads=2)
+    scaled = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True, scale=0.4)
+    torch.testing.assert_close(
+        scaled, reference(q, k, v, meta.cu_seqlens, True, None, 0.4), atol=1e-5, rtol=1e-5
+    )
+    default = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True)
+    assert (scaled - default).abs().max().item() > 1e-2
 
 
 def test_flashinfer_refuses_a_batch_without_host_lengths(flashinfer_cpu):
