@@ -1,7 +1,7 @@
-"""QKNormRotary: Qwen3's per-head RMSNorm of queries and keys, then rotary, on the fused QKV output (or
-rotary alone, `qk_norm=False`: Qwen2, Llama, Mistral). On CUDA one Triton kernel does both for every
-(token, head) in place (one read, one write) instead of about a dozen elementwise kernels; elsewhere the
-torch ops run."""
+"""QKNormRotary: Qwen3's per-head RMSNorm of queries and keys (Gemma3's with `norm_offset`, scaled by
+1 + weight), then rotary, on the fused QKV output (or rotary alone, `qk_norm=False`: Qwen2, Llama,
+Mistral). On CUDA one Triton kernel does both for every (token, head) in place (one read, one write)
+instead of about a dozen elementwise kernels; elsewhere the torch ops run."""
 
 from __future__ import annotations
 
@@ -14,12 +14,21 @@ from engine.layers.triton_kernel import triton_kernel
 
 
 class QKNormRotary(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, qk_norm: bool = True):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        eps: float,
+        qk_norm: bool = True,
+        norm_offset: bool = False,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps = eps
-        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.norm_offset = norm_offset
+        self.q_norm = RMSNorm(head_dim, eps, norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps, norm_offset) if qk_norm else None
 
     def forward(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -61,6 +70,7 @@ def qk_norm_rotary(
         layer.head_dim,
         layer.eps,
         NORM=norms,
+        OFFSET=layer.norm_offset,
         HALF=half,
         BLOCK=1 << (half - 1).bit_length(),
         num_warps=1,
@@ -73,7 +83,8 @@ def _triton_kernel(triton, tl):
 
     @triton.jit
     def qk_norm_rotary(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, row_size, num_heads, head_dim,
-                       eps, NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                       eps, NORM: tl.constexpr, OFFSET: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
         # one program per (token, query or key head): RMSNorm over the head, rounded and scaled as the
         # unfused ops do, then the rotation of its two halves by the token's angles
         token = tl.program_id(0).to(tl.int64)
@@ -93,10 +104,13 @@ def _triton_kernel(triton, tl):
             else:
                 first_weight = tl.load(k_weight_ptr + columns, mask=mask).to(tl.float32)
                 second_weight = tl.load(k_weight_ptr + HALF + columns, mask=mask).to(tl.float32)
-            first = ((first * inverse_rms).to(dtype).to(tl.float32) * first_weight).to(dtype).to(tl.float32)
-            second = (
-                ((second * inverse_rms).to(dtype).to(tl.float32) * second_weight).to(dtype).to(tl.float32)
-            )
+            if OFFSET:  # Gemma: scaled by 1 + weight in float32, rounded once
+                first = (first * inverse_rms * (1.0 + first_weight)).to(dtype).to(tl.float32)
+                second = (second * inverse_rms * (1.0 + second_weight)).to(dtype).to(tl.float32)
+            else:  # rounded before the weight scales it, and after
+                first = (first * inverse_rms).to(dtype).to(tl.float32) * first_weight
+                second = (second * inverse_rms).to(dtype).to(tl.float32) * second_weight
+                first, second = first.to(dtype).to(tl.float32), second.to(dtype).to(tl.float32)
         cos = tl.load(cos_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
         sin = tl.load(sin_ptr + token * head_dim + columns, mask=mask).to(tl.float32)
         tl.store(first_ptr, (first * cos - second * sin).to(dtype), mask=mask)

@@ -1,6 +1,7 @@
-"""RMSNorm as Qwen3 computes it (float32 statistics, scaled in the input dtype), alone or fused with
-the residual add that precedes it in a pre-norm block: one Triton kernel on CUDA (one read of each
-input, two writes), the torch ops elsewhere."""
+"""RMSNorm as Qwen3 computes it (float32 statistics, scaled in the input dtype) or as Gemma3 does
+(`offset`: scaled by 1 + weight in float32, then rounded), alone or fused with the residual add that
+precedes it in a pre-norm block: one Triton kernel on CUDA (one read of each input, two writes), the
+torch ops elsewhere."""
 
 from __future__ import annotations
 
@@ -11,21 +12,29 @@ from engine.layers.add_norm import MAX_HIDDEN, triton_block
 from engine.layers.triton_kernel import triton_kernel
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # [..., hidden] -> [..., hidden]; rounded to the input dtype before the weight scales it, as HF does
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
+    # [..., hidden] -> [..., hidden]; rounded to the input dtype before the weight scales it, as HF's Qwen3
+    # does, or (`offset`) after the float32 scaling by 1 + weight, as HF's Gemma3 does
     variance = x.float().pow(2).mean(-1, keepdim=True)
-    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+    normed = x.float() * torch.rsqrt(variance + eps)
+    if offset:
+        return (normed * (1.0 + weight.float())).to(x.dtype)
+    return weight * normed.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
+    """`offset`: the checkpoint's weight is a delta from one (Gemma's norms, initialized at zero); it is
+    kept as loaded, so that strict loading maps it and no rounding of 1 + weight is stored."""
+
+    def __init__(self, hidden_size: int, eps: float, offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [..., hidden] -> [..., hidden]
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.offset)
 
 
 class AddRMSNorm(RMSNorm):
@@ -39,12 +48,17 @@ class AddRMSNorm(RMSNorm):
         kernel = _triton_kernel() if x.is_cuda else None
         if kernel is None or x.shape[-1] > MAX_HIDDEN:
             total = x if residual is None else x + residual
-            return rms_norm(total, self.weight, self.eps), total
-        return add_rms_norm(kernel, x, residual, self.weight, self.eps)
+            return rms_norm(total, self.weight, self.eps, self.offset), total
+        return add_rms_norm(kernel, x, residual, self.weight, self.eps, self.offset)
 
 
 def add_rms_norm(
-    kernel, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    kernel,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual) by the Triton kernel, on the device the tensors are on
     (Triton's interpreter runs it on the CPU in the tests). The sum is rounded to the input dtype before
@@ -63,6 +77,7 @@ def add_rms_norm(
         hidden,
         eps,
         HAS_RESIDUAL=has_residual,
+        OFFSET=offset,
         BLOCK=triton_block(hidden),
         num_warps=4,
     )
@@ -75,7 +90,7 @@ def _triton_kernel(triton, tl):
 
     @triton.jit
     def add_rms_norm(x_ptr, residual_ptr, weight_ptr, out_ptr, total_ptr, hidden, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                     HAS_RESIDUAL: tl.constexpr, OFFSET: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
         row = tl.program_id(0).to(tl.int64) * hidden
         columns = tl.arange(0, BLOCK)
         mask = columns < hidden
@@ -86,8 +101,11 @@ def _triton_kernel(triton, tl):
             tl.store(total_ptr + row + columns, total, mask=mask)
         total = total.to(tl.float32)
         inverse_rms = 1.0 / tl.sqrt(tl.sum(total * total, axis=0) / hidden + eps)
-        normed = (total * inverse_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
         weight = tl.load(weight_ptr + columns, mask=mask).to(tl.float32)
-        tl.store(out_ptr + row + columns, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+        if OFFSET:  # Gemma: scaled by 1 + weight in float32, rounded once
+            normed = total * inverse_rms * (1.0 + weight)
+        else:  # rounded to the input dtype before the weight scales it
+            normed = (total * inverse_rms).to(out_ptr.dtype.element_ty).to(tl.float32) * weight
+        tl.store(out_ptr + row + columns, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
     return add_rms_norm

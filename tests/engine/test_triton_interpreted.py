@@ -95,6 +95,7 @@ CASES = [
     ([100, 1, 30, 128, 2], 4, 1, 48, True, None),  # head dim 48 pads to 64 with a mask
     ([90, 40, 7], 2, 2, 32, True, 16),
     ([90, 40, 7], 2, 2, 32, False, (8, 4)),
+    ([90, 40, 7], 3, 1, 256, False, (16, 16)),  # EmbeddingGemma's heads and its two-sided window
 ]
 
 
@@ -134,11 +135,24 @@ def test_packed_attention_adds_the_position_bias(interpreted, lengths, causal, w
     )
     bias = PositionBias(torch.randn(3, 17, generator=torch.Generator().manual_seed(5)) * 3.0, max_offset=8)
     normalized = normalize_window(window, causal)
-    got = packed_attention().forward(q, k, v, meta, causal, normalized, bias)
-    expected = TorchAttention().forward(q, k, v, meta, causal, normalized, bias)
+    got = packed_attention().forward(q, k, v, meta, causal, normalized, bias=bias)
+    expected = TorchAttention().forward(q, k, v, meta, causal, normalized, bias=bias)
     unbiased = TorchAttention().forward(q, k, v, meta, causal, normalized)
     assert relative_error(got, expected) <= 1e-4
     assert relative_error(unbiased, expected) > 1e-2
+
+
+def test_packed_attention_takes_a_softmax_scale(interpreted):
+    """Gemma3's query_pre_attn_scalar ** -0.5 in place of 1 / sqrt(head_dim)."""
+    lengths = [30, 5, 17]
+    q, kv = random_qkv(sum(lengths), 4, 2, 32, seed=11)
+    k, v = kv[:, :2], kv[:, 2:]
+    meta = AttentionMetadata.build(
+        torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32), max(lengths)
+    )
+    got = packed_attention().forward(q, k, v, meta, True, (8, 0), 0.3)
+    expected = TorchAttention().forward(q, k, v, meta, True, (8, 0), 0.3)
+    assert relative_error(got, expected) <= 1e-4
 
 
 def test_packed_attention_with_empty_slots_and_an_upper_bound(interpreted):
@@ -171,24 +185,26 @@ def test_the_tile_follows_the_length_bucket():
 
 @pytest.mark.parametrize("hidden", [24, 96, 384])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_add_rms_norm(interpreted, hidden, with_residual):
+@pytest.mark.parametrize("offset", [False, True])
+def test_add_rms_norm(interpreted, hidden, with_residual, offset):
+    """offset: Gemma3's 1 + weight."""
     generator = torch.Generator().manual_seed(hidden)
     x, residual = torch.randn(2, 37, hidden, generator=generator)
-    weight = torch.rand(hidden, generator=generator) + 0.5
+    weight = torch.rand(hidden, generator=generator) + (-0.5 if offset else 0.5)
     got, total = rms_norm.add_rms_norm(
-        rms_norm._triton_kernel(), x, residual if with_residual else None, weight, 1e-6
+        rms_norm._triton_kernel(), x, residual if with_residual else None, weight, 1e-6, offset
     )
     expected_total = x + residual if with_residual else x
     assert torch.equal(total, expected_total)
-    assert relative_error(got, rms_norm.rms_norm(expected_total, weight, 1e-6)) <= 1e-5
+    assert relative_error(got, rms_norm.rms_norm(expected_total, weight, 1e-6, offset)) <= 1e-5
 
 
-@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize(("qk_norm", "norm_offset"), [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 24), (2, 2, 64), (8, 1, 32)])
-def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim, qk_norm):
-    """qk_norm False: rotary alone (Qwen2, Llama, Mistral)."""
+def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim, qk_norm, norm_offset):
+    """qk_norm False: rotary alone (Qwen2, Llama, Mistral); norm_offset: Gemma3's 1 + weight."""
     generator = torch.Generator().manual_seed(head_dim)
-    layer = QKNormRotary(num_heads, num_kv_heads, head_dim, eps=1e-6, qk_norm=qk_norm)
+    layer = QKNormRotary(num_heads, num_kv_heads, head_dim, 1e-6, qk_norm, norm_offset)
     if qk_norm:
         with torch.no_grad():
             layer.q_norm.weight.copy_(torch.rand(head_dim, generator=generator) + 0.5)
@@ -211,3 +227,12 @@ def test_silu_and_mul(interpreted, intermediate):
     got = swiglu.silu_and_mul(gate_up, kernel=swiglu._triton_kernel())
     gate, up = gate_up.chunk(2, dim=-1)
     assert relative_error(got, F.silu(gate) * up) <= 1e-5
+
+
+@pytest.mark.parametrize("intermediate", [96, 1152])
+def test_gelu_tanh_and_mul(interpreted, intermediate):
+    """Gemma3's gate: GELU with the tanh approximation, as F.gelu(approximate="tanh")."""
+    gate_up = 3 * torch.randn(13, 2 * intermediate, generator=torch.Generator().manual_seed(intermediate))
+    got = swiglu.gated(gate_up, "gelu_tanh", kernel=swiglu._triton_kernel())
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert relative_error(got, F.gelu(gate, approximate="tanh") * up) <= 1e-5
