@@ -174,9 +174,13 @@ def read_spec(
         logit_score = read_cross_encoder(
             name, folder, transformer_dir, architecture, entry.head, modules or []
         )
-    bidirectional = entry.family.decoder and (bidirectional or getattr(hf_config, "is_causal", True) is False)
-    if bidirectional and not entry.can_be_bidirectional:
+    # bidirectional as asked (--bidirectional, `is_causal: false`): an embedder of a family that can be; or
+    # as the model's own config has it (Gemma3's use_bidirectional_attention), any head
+    asked = bidirectional or getattr(hf_config, "is_causal", True) is False
+    own = entry.family.backbone.config_bidirectional(hf_config)
+    if entry.family.decoder and asked and not own and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
+    bidirectional = entry.family.decoder and (asked or own)
     # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
     pooling, normalize = ("mean" if bidirectional else entry.pooling), entry.normalize
     dense: tuple[DenseLayout, ...] = ()
@@ -302,6 +306,7 @@ def load_model(
     """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
     if spec.implementation == "transformers":
         return load_fallback(spec, device, dtype)
+    lookup(spec.architecture, spec.hf_config.model_type).family.backbone.check_dtype(spec.hf_config, dtype)
     with torch.device("meta"):
         model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill

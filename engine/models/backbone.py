@@ -76,6 +76,16 @@ class Backbone(nn.Module):
         that `--model-impl auto` can run such a model through transformers instead)."""
 
     @classmethod
+    def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
+        """Raise UnsupportedModel where the model does not run in this dtype (Gemma3 in float16)."""
+
+    @classmethod
+    def config_bidirectional(cls, hf_config: Any) -> bool:
+        """The config itself makes the model bidirectional, every head of it (Gemma3's
+        use_bidirectional_attention), not only an embedder asked to be."""
+        return False
+
+    @classmethod
     def window(cls, hf_config: Any) -> int:
         """The longest sequence the model takes, special tokens included."""
         return hf_config.max_position_embeddings

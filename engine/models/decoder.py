@@ -1,6 +1,6 @@
-"""Packed decoders (Qwen3, Qwen2, Llama, Mistral): a Backbone, causal (Qwen3-Embedding, gte-Qwen2,
-e5-mistral, Qwen3-Reranker's judge) or bidirectional (pplx-embed style), each variant a record of
-switches."""
+"""Packed decoders (Qwen3, Qwen2, Llama, Mistral, Gemma3): a Backbone, causal (Qwen3-Embedding, gte-Qwen2,
+e5-mistral, Qwen3-Reranker's judge) or bidirectional (pplx-embed style, EmbeddingGemma), each variant a
+record of switches."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engine.errors import UnsupportedModel
 from engine.layers.qk_norm_rotary import QKNormRotary
 from engine.layers.rms_norm import AddRMSNorm, rms_norm
 from engine.layers.rotary import rope_theta, rotary_tables
-from engine.layers.swiglu import silu_and_mul
+from engine.layers.swiglu import gated
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
@@ -34,6 +34,16 @@ class DecoderVariant:
     mlp_bias: str | bool = False
     # the config's `sliding_window` bounds the window, so that no query ever reaches past it
     sliding_window: bool = False
+    activation: str = "hidden_act"  # the config attribute naming the MLP gate's activation
+    norm_offset: bool = False  # every RMSNorm scales by 1 + weight, in float32 (Gemma's norms)
+    sandwich_norms: bool = False  # the attention's and the MLP's outputs are normalized too
+    embed_scale: bool = False  # token embeddings times sqrt(hidden_size), rounded to the model dtype
+    attention_scale: str | None = None  # a config attribute s: softmax scale s ** -0.5, not head_dim's
+    # the config's `layer_types`: "sliding_attention" layers see `sliding_window` keys, and each type has
+    # its own rotary base
+    layer_types: bool = False
+    bidirectional: str | None = None  # a config attribute that makes the model (every head) bidirectional
+    float16: bool = True  # False: its activations overflow float16
 
 
 QWEN3 = DecoderVariant(qk_norm=True, qkv_bias="attention_bias", out_bias="attention_bias")
@@ -42,7 +52,31 @@ LLAMA = DecoderVariant(
     qk_norm=False, qkv_bias="attention_bias", out_bias="attention_bias", mlp_bias="mlp_bias"
 )
 MISTRAL = DecoderVariant(qk_norm=False, qkv_bias=False, out_bias=False, sliding_window=True)
-VARIANTS = {"qwen3": QWEN3, "qwen2": QWEN2, "llama": LLAMA, "mistral": MISTRAL}
+GEMMA3 = DecoderVariant(
+    qk_norm=True,
+    qkv_bias="attention_bias",
+    out_bias="attention_bias",
+    activation="hidden_activation",
+    norm_offset=True,
+    sandwich_norms=True,
+    embed_scale=True,
+    attention_scale="query_pre_attn_scalar",
+    layer_types=True,
+    bidirectional="use_bidirectional_attention",
+    float16=False,
+)
+VARIANTS = {"qwen3": QWEN3, "qwen2": QWEN2, "llama": LLAMA, "mistral": MISTRAL, "gemma3_text": GEMMA3}
+# HF activation names -> the gated activation (engine/layers/swiglu.py) that computes them
+GATE_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+}
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# config values that change the scores posy computes, which it does not implement (Gemma2's softcapping;
+# Gemma3's final_logit_softcapping touches only the LM head's logits, which no head posy runs reads)
+UNSUPPORTED_SETTINGS = ("attn_logit_softcapping",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,29 +90,47 @@ class DecoderConfig:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float
-    rope_theta: float
     qkv_bias: bool
     out_bias: bool
     mlp_bias: bool
     tie_word_embeddings: bool
     causal: bool
     pad_token_id: int | None
+    activation: str  # one of engine/layers/swiglu.py's GATE_ACTIVATIONS
+    layer_types: tuple[str, ...]  # one per layer: "full_attention" or "sliding_attention"
+    rope_thetas: dict[str, float]  # layer type -> rotary base
+    window: tuple[int, int] | None  # (left, right) keys a sliding layer's query sees; None: no such layer
+    attention_scale: float | None  # None: 1 / sqrt(head_dim)
 
     @classmethod
     def from_hf(cls, hf_config: Any, causal: bool) -> DecoderConfig:
+        """`causal` is the mask asked for; a variant with a `bidirectional` switch takes its config's."""
         model_type = hf_config.model_type
         if model_type not in VARIANTS:
             raise UnsupportedModel(f"model type {model_type!r} is not a packed decoder")
         variant = VARIANTS[model_type]
         if getattr(hf_config, "use_sliding_window", False):
             raise UnsupportedModel(f"{model_type} with sliding-window layers is not supported")
-        if hf_config.hidden_act not in ("silu", "swish"):
-            raise UnsupportedModel(f"{model_type} with hidden_act {hf_config.hidden_act!r} is not supported")
+        activation = getattr(hf_config, variant.activation, None)
+        if activation not in GATE_ACTIVATIONS:
+            raise UnsupportedModel(f"{model_type} with {variant.activation} {activation!r} is not supported")
+        for setting in UNSUPPORTED_SETTINGS:
+            value = getattr(hf_config, setting, None)
+            if value is not None:
+                raise UnsupportedModel(f"{model_type} with {setting} {value!r} is not supported")
+        if variant.bidirectional is not None:
+            causal = not getattr(hf_config, variant.bidirectional, False)
 
         def bias(setting: str | bool) -> bool:
             return bool(getattr(hf_config, setting, False)) if isinstance(setting, str) else setting
 
         num_heads = hf_config.num_attention_heads
+        layer_types, window = layer_windows(hf_config, variant, causal)
+        if variant.layer_types:
+            rope_thetas = {kind: rope_theta(hf_config, kind) for kind in dict.fromkeys(layer_types)}
+        else:
+            rope_thetas = {"full_attention": rope_theta(hf_config)}
+        scale = getattr(hf_config, variant.attention_scale) if variant.attention_scale else None
         return cls(
             variant=variant,
             vocab_size=hf_config.vocab_size,
@@ -89,23 +141,50 @@ class DecoderConfig:
             head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
             intermediate_size=hf_config.intermediate_size,
             rms_norm_eps=hf_config.rms_norm_eps,
-            rope_theta=rope_theta(hf_config),
             qkv_bias=bias(variant.qkv_bias),
             out_bias=bias(variant.out_bias),
             mlp_bias=bias(variant.mlp_bias),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             causal=causal,
             pad_token_id=getattr(hf_config, "pad_token_id", None),
+            activation=GATE_ACTIVATIONS[activation],
+            layer_types=layer_types,
+            rope_thetas=rope_thetas,
+            window=window,
+            attention_scale=None if scale is None else float(scale) ** -0.5,
         )
+
+
+def layer_windows(
+    hf_config: Any, variant: DecoderVariant, causal: bool
+) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    """(each layer's type, the sliding layers' (left, right) window), as transformers' masks have them."""
+    num_layers = hf_config.num_hidden_layers
+    if not variant.layer_types:
+        return ("full_attention",) * num_layers, None
+    layer_types = tuple(getattr(hf_config, "layer_types", None) or ())
+    if len(layer_types) != num_layers or set(layer_types) - set(LAYER_TYPES):
+        raise UnsupportedModel(f"{hf_config.model_type}: unsupported layer_types {list(layer_types)}")
+    if "sliding_attention" not in layer_types:
+        return layer_types, None
+    size = getattr(hf_config, "sliding_window", None)
+    if not isinstance(size, int) or size < 1:
+        raise UnsupportedModel(f"{hf_config.model_type}: sliding layers without a sliding_window ({size!r})")
+    # causal: key > query - size (and key <= query), so size - 1 keys back. Bidirectional (Gemma3):
+    # |query - key| < size, where the config keeps size = W // 2 + 1 of the W in config.json, so W // 2
+    # keys on each side
+    return layer_types, ((size - 1, 0) if causal else (size - 1, size - 1))
 
 
 class DecoderAttention(nn.Module):
     """Fused QKV projection, rotary (after a per-head RMSNorm of queries and keys where the variant has
     it; one kernel on CUDA), grouped-query attention."""
 
-    def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
+    def __init__(self, config: DecoderConfig, index: int, attention_backend: AttentionBackend):
         super().__init__()
         self.causal = config.causal
+        self.window = config.window if config.layer_types[index] == "sliding_attention" else None
+        self.scale = config.attention_scale
         self.attention_backend = attention_backend
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.qkv = nn.Linear(config.hidden_size, qkv_size, bias=config.qkv_bias)
@@ -115,6 +194,7 @@ class DecoderAttention(nn.Module):
             config.head_dim,
             config.rms_norm_eps,
             config.variant.qk_norm,
+            config.variant.norm_offset,
         )
         out_size = config.num_heads * config.head_dim
         self.out = nn.Linear(out_size, config.hidden_size, bias=config.out_bias)
@@ -125,32 +205,44 @@ class DecoderAttention(nn.Module):
         # [num_tokens, hidden] -> [num_tokens, hidden]
         num_tokens = hidden.shape[0]
         q, k, v = self.qk_norm_rotary(self.qkv(hidden), cos, sin)
-        attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
+        attention = varlen_attention(
+            q, k, v, meta, backend=self.attention_backend, causal=self.causal, window=self.window,
+            scale=self.scale,
+        )  # fmt: skip
         return self.out(attention.reshape(num_tokens, -1))
 
 
 class DecoderMLP(nn.Module):
-    """SwiGLU: gate and up projections as one GEMM, SiLU(gate) * up as one kernel on CUDA."""
+    """A gated MLP (SwiGLU; GELU-tanh for Gemma3): gate and up projections as one GEMM, act(gate) * up as
+    one kernel on CUDA."""
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
+        self.activation = config.activation
         self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
-        return self.down(silu_and_mul(self.gate_up(hidden)))
+        return self.down(gated(self.gate_up(hidden), self.activation))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block; each norm also adds the residual stream, which it hands on."""
+    """Pre-norm block; each pre-norm also adds the residual stream, which it hands on. With sandwich norms
+    (Gemma3) the attention's and the MLP's outputs are normalized too, before they join the stream."""
 
-    def __init__(self, config: DecoderConfig, attention_backend: AttentionBackend):
+    def __init__(self, config: DecoderConfig, index: int, attention_backend: AttentionBackend):
         super().__init__()
-        self.attention_norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attention = DecoderAttention(config, attention_backend)
-        self.mlp_norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
+        size, eps, offset = config.hidden_size, config.rms_norm_eps, config.variant.norm_offset
+        self.layer_type = config.layer_types[index]
+        self.attention_norm = AddRMSNorm(size, eps, offset)
+        self.attention = DecoderAttention(config, index, attention_backend)
+        self.mlp_norm = AddRMSNorm(size, eps, offset)
         self.mlp = DecoderMLP(config)
+        # AddRMSNorm without a residual: one kernel on CUDA
+        sandwich = config.variant.sandwich_norms
+        self.attention_out_norm = AddRMSNorm(size, eps, offset) if sandwich else None
+        self.mlp_out_norm = AddRMSNorm(size, eps, offset) if sandwich else None
 
     def forward(
         self,
@@ -163,12 +255,19 @@ class DecoderLayer(nn.Module):
         # [num_tokens, hidden] output of the last block and residual stream (None before the first
         # block) -> the same for this block
         hidden, residual = self.attention_norm(hidden, residual)
-        hidden, residual = self.mlp_norm(self.attention(hidden, cos, sin, meta), residual)
-        return self.mlp(hidden), residual
+        hidden = self.attention(hidden, cos, sin, meta)
+        if self.attention_out_norm is not None:
+            hidden = self.attention_out_norm(hidden, None)[0]
+        hidden, residual = self.mlp_norm(hidden, residual)
+        hidden = self.mlp(hidden)
+        if self.mlp_out_norm is not None:
+            hidden = self.mlp_out_norm(hidden, None)[0]
+        return hidden, residual
 
 
 class DecoderBackbone(Backbone):
-    """Token embeddings and pre-norm layers; the final RMSNorm is what it finishes with."""
+    """Token embeddings (scaled, for Gemma3) and pre-norm layers; the final RMSNorm is what it finishes
+    with."""
 
     checkpoint_prefixes = ("model.",)
     pretraining_heads = ("lm_head.",)
@@ -179,8 +278,10 @@ class DecoderBackbone(Backbone):
         self.config = config
         self.hidden_size = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, attention_backend) for _ in range(config.num_layers))
-        self.norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, index, attention_backend) for index in range(config.num_layers)
+        )
+        self.norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps, config.variant.norm_offset)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:
@@ -191,9 +292,23 @@ class DecoderBackbone(Backbone):
         DecoderConfig.from_hf(hf_config, causal=True)
 
     @classmethod
+    def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
+        if dtype == torch.float16 and not VARIANTS[hf_config.model_type].float16:
+            raise UnsupportedModel(
+                f"{hf_config.model_type} does not run in float16: its activations overflow float16's range "
+                "(transformers runs it in bfloat16 or float32); use --dtype bfloat16 or float32"
+            )
+
+    @classmethod
+    def config_bidirectional(cls, hf_config: Any) -> bool:
+        switch = VARIANTS.get(hf_config.model_type, QWEN3).bidirectional
+        return switch is not None and bool(getattr(hf_config, switch, False))
+
+    @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        """With the sliding layers' window, for choosing an attention backend that has one."""
         config = DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional)
-        return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+        return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim, config.window)
 
     @classmethod
     def window(cls, hf_config: Any) -> int:
@@ -216,24 +331,31 @@ class DecoderBackbone(Backbone):
     def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)
         hidden = self.embed_tokens(batch.input_ids)
-        cos, sin = rotary_tables(batch.positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
+        if self.config.variant.embed_scale:
+            hidden = hidden * embedding_scale(self.hidden_size, hidden.dtype)
+        # one cos/sin table per layer type, shared by its layers
+        rotary = {
+            kind: rotary_tables(batch.positions, self.config.head_dim, theta, hidden.dtype)
+            for kind, theta in self.config.rope_thetas.items()
+        }
         residual = None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, meta)
+            hidden, residual = layer(hidden, residual, *rotary[layer.layer_type], meta)
         return hidden + residual
 
     def finish(self, rows: torch.Tensor) -> torch.Tensor:
         # row-wise, so pooling one row per sequence first gives the same rows
-        return rms_norm(rows, self.norm.weight, self.norm.eps)
+        return rms_norm(rows, self.norm.weight, self.norm.eps, self.norm.offset)
 
     def weight_map(self) -> WeightTargets:
         config = self.config
         q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         modules = {"embed_tokens": "embed_tokens", "norm": "norm"}
         targets: WeightTargets = {}
+        layer_names = SANDWICH_LAYER_NAMES if config.variant.sandwich_norms else LAYER_NAMES
         for index in range(config.num_layers):
             source, target = f"layers.{index}.", f"layers.{index}."
-            modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
+            modules.update({source + name: target + module for name, module in layer_names.items()})
             if config.variant.qk_norm:
                 modules.update({source + name: target + module for name, module in QK_NORM_NAMES.items()})
             qkv = {f"{source}self_attn.q_proj": q_rows, f"{source}self_attn.k_proj": kv_rows}
@@ -244,10 +366,25 @@ class DecoderBackbone(Backbone):
         return {**self.module_targets(modules), **targets}
 
 
+def embedding_scale(hidden_size: int, dtype: torch.dtype) -> float:
+    """sqrt(hidden_size) rounded to the model dtype, as transformers' Gemma3 multiplies by it (27.75, not
+    27.71, for EmbeddingGemma's 768 in bfloat16); a host number, so a CUDA graph needs no buffer."""
+    return float(torch.tensor(hidden_size**0.5).to(dtype))
+
+
 # checkpoint module (under "layers.N.") -> ours
 LAYER_NAMES = {
     "input_layernorm": "attention_norm",
     "post_attention_layernorm": "mlp_norm",
+    "self_attn.o_proj": "attention.out",
+    "mlp.down_proj": "mlp.down",
+}
+# Gemma3's four norms: its post_attention_layernorm normalizes the attention's output
+SANDWICH_LAYER_NAMES = {
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "attention_out_norm",
+    "pre_feedforward_layernorm": "mlp_norm",
+    "post_feedforward_layernorm": "mlp_out_norm",
     "self_attn.o_proj": "attention.out",
     "mlp.down_proj": "mlp.down",
 }

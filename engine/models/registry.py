@@ -29,6 +29,8 @@ HEAD_SUFFIXES = {"Model": "embed", "ForSequenceClassification": "classify", "For
 RUN_BARE = ("ForMaskedLM", "ForPreTraining", "ForCausalLM")
 # a judge's name as model cards write it (lower case), by its pair format
 JUDGE_NAMES = {"qwen3-judge": "qwen3-reranker"}
+# architectures transformers names outside their model type's prefix -> the name the prefix rule reads
+ARCHITECTURE_ALIASES = {"Gemma3ForCausalLM": "Gemma3TextForCausalLM"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,9 @@ QWEN3 = Family(
 # gte-Qwen2, e5-mistral, SFR-Embedding and the like: causal, last token (as their sentence-transformers
 # files say), and bidirectional where their config or --bidirectional asks
 DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, can_be_bidirectional=True)
+# Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention says, so
+# mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
+GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
 # model_type -> its family and the architecture name of its bare model
@@ -75,6 +80,7 @@ MODEL_TYPES: dict[str, tuple[Family, str]] = {
     "qwen2": (DECODER, "Qwen2Model"),
     "llama": (DECODER, "LlamaModel"),
     "mistral": (DECODER, "MistralModel"),
+    "gemma3_text": (GEMMA3, "Gemma3TextModel"),
 }
 
 
@@ -122,13 +128,12 @@ def lookup(
     if model_type in MODEL_TYPES:
         family, bare = MODEL_TYPES[model_type]
         prefix = bare.removesuffix("Model")
-        if sentence_transformers and architecture.startswith(prefix) and architecture.endswith(RUN_BARE):
-            architecture = bare
-        head = (
-            HEAD_SUFFIXES.get(architecture.removeprefix(prefix)) if architecture.startswith(prefix) else None
-        )
+        name = ARCHITECTURE_ALIASES.get(architecture, architecture)
+        if sentence_transformers and name.startswith(prefix) and name.endswith(RUN_BARE):
+            name = bare
+        head = HEAD_SUFFIXES.get(name.removeprefix(prefix)) if name.startswith(prefix) else None
         if head in family.heads or (judge and head == "judge" and family.decoder):
-            return ModelEntry(family, architecture, head)
+            return ModelEntry(family, name, head)
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported; supported: {', '.join(supported())}"
     )

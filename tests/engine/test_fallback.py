@@ -2,7 +2,8 @@
 behind the same engine. DeBERTa-v2 (eager attention) and ELECTRA (sdpa) as sentence-transformers embedders
 (mean pooling, a Dense module, Normalize) against sentence-transformers on the same folder, and as
 cross-encoders against transformers' logits; strict loading; remote code refused without
---trust-remote-code; --model-impl choosing the implementation. fp32 on the CPU."""
+--trust-remote-code; --model-impl choosing the implementation (EmbeddingGemma's layout natively and through
+transformers). fp32 on the CPU."""
 
 import asyncio
 import json
@@ -220,14 +221,12 @@ def test_a_config_value_posy_cannot_honour_runs_through_transformers(tmp_path):
     assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE
 
 
-def test_embeddinggemmas_layout_matches_sentence_transformers(tmp_path):
-    """EmbeddingGemma: a bidirectional Gemma3TextModel (sliding-window layers shorter than the texts,
-    head dim 256, query_pre_attn_scalar), mean pooling, two Dense modules and Normalize; posy runs it
-    through transformers until its decoder packs Gemma3."""
+def save_embeddinggemma_layout(folder):
+    """EmbeddingGemma's layout: a bidirectional Gemma3TextModel (sliding-window layers shorter than the
+    texts, head dim 256, query_pre_attn_scalar), mean pooling, two Dense modules and Normalize; random
+    weights, norms too, and the bundled model's WordPiece tokenizer."""
     import transformers
-    from sentence_transformers import SentenceTransformer
 
-    folder = tmp_path / "model"
     with_dense(
         folder,
         [
@@ -251,10 +250,22 @@ def test_embeddinggemmas_layout_matches_sentence_transformers(tmp_path):
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": 256, "do_lower_case": False})
     )
-    spec = resolve_model(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("model_impl", "implementation"), [("auto", "posy"), ("transformers", "transformers")]
+)
+def test_embeddinggemmas_layout_matches_sentence_transformers(tmp_path, model_impl, implementation):
+    """EmbeddingGemma's layout runs natively under `auto` (posy's decoder packs Gemma3), and through
+    transformers when asked for."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = save_embeddinggemma_layout(tmp_path / "model")
+    spec = resolve_model(str(folder), model_impl=model_impl)
     assert (spec.architecture, spec.implementation, spec.output_dim) == (
         "Gemma3TextModel",
-        "transformers",
+        implementation,
         64,
     )
     sequences = encode(spec, TEXTS)
