@@ -24,8 +24,10 @@ class Baseline:
         # cast rounds the rotary frequencies too, which from_pretrained keeps in float32)
         architecture = type(checkpoint.reference)
         self.model = architecture.from_pretrained(checkpoint.folder, dtype=dtype).to(device).eval()
+        self.dense = [weight.to(device) for weight in checkpoint.dense]
         self.tokenizer = Tokenizer.from_file(str(checkpoint.folder / "tokenizer.json"))
         self.judge_ids = [self.tokenizer.token_to_id(token) for token in JUDGE_TOKENS]
+        self.pad_id = getattr(self.model.config, "pad_token_id", None) or 0  # as a tokenizer pads
 
     def to(self, dtype) -> Baseline:
         """The same weights computed in `dtype`; rotary frequencies stay float32, as loading gives them."""
@@ -49,14 +51,19 @@ class Baseline:
         return self.embed_ids(self.encode(texts))
 
     def embed_ids(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
-        """[n, hidden] float32 normalized vectors: mean pooling (BERT) or the last token (Qwen3)."""
+        """[n, out] float32 normalized vectors: the checkpoint's pooling (mean, or the last token as
+        Qwen3-Embedding's), then its Dense modules (EmbeddingGemma's) in float32."""
         import torch
 
         def pool(output, mask, lengths):
             hidden = output.last_hidden_state.float()
-            if self.checkpoint.family == "qwen3":
-                return hidden[torch.arange(len(lengths), device=hidden.device), lengths - 1]
-            return (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+            if self.checkpoint.pooling == "lasttoken":
+                pooled = hidden[torch.arange(len(lengths), device=hidden.device), lengths - 1]
+            else:
+                pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+            for weight in self.dense:
+                pooled = pooled @ weight.T
+            return pooled
 
         rows = self._batched(sequences, None, pool)
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
@@ -86,7 +93,7 @@ class Baseline:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 lengths = torch.tensor([len(sequences[index]) for index in chunk])
-                ids = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.int64)
+                ids = torch.full((len(chunk), int(lengths.max())), self.pad_id, dtype=torch.int64)
                 types = torch.zeros_like(ids)
                 mask = torch.zeros_like(ids)
                 for row, index in enumerate(chunk):

@@ -37,9 +37,12 @@ QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "no", "yes"]
 class Checkpoint:
     folder: Path
     kind: str  # "embedder" | "cross-encoder" | "judge"
-    family: str  # "bert" | "qwen3"
+    family: str  # "bert" | "qwen3" | a layout of benchmarks/layouts.py
     shape: str
-    reference: Any  # the transformers model on the CPU, in float32
+    reference: Any  # the transformers model in float32 (on the CPU unless it was made elsewhere)
+    pooling: str = "mean"  # an embedder's sentence-transformers pooling mode: "mean" | "lasttoken"
+    # its Dense modules' weights, in order ([out, in], float32; no bias, identity activation)
+    dense: tuple[Any, ...] = ()
 
 
 def words(num_words: int, rng: random.Random) -> str:
@@ -47,8 +50,11 @@ def words(num_words: int, rng: random.Random) -> str:
     return " ".join(f"w{rng.randrange(NUM_WORDS)}" for _ in range(num_words))
 
 
-def word_tokenizer(specials: list[str], single: str | None = None, pair: str | None = None):
-    """Specials first, then the words; `single` / `pair`: a post-processor template of specials."""
+def word_tokenizer(
+    specials: list[str], single: str | None = None, pair: str | None = None, unk: str | None = None
+):
+    """Specials first, then the words; `single` / `pair`: a post-processor template of specials; `unk`:
+    the unknown token (by default "[UNK]" after "[PAD]", else the first special)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
@@ -56,7 +62,8 @@ def word_tokenizer(specials: list[str], single: str | None = None, pair: str | N
 
     vocab = {token: index for index, token in enumerate(specials)}
     vocab.update({f"w{index}": len(specials) + index for index in range(NUM_WORDS)})
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token=specials[1] if specials[0] == "[PAD]" else specials[0]))
+    unk = unk or (specials[1] if specials[0] == "[PAD]" else specials[0])
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token=unk))
     tokenizer.pre_tokenizer = Whitespace()
     for token in specials:  # so "<|im_start|>" in a prompt is one token, not split by the pre-tokenizer
         tokenizer.add_special_tokens([token])
@@ -67,15 +74,28 @@ def word_tokenizer(specials: list[str], single: str | None = None, pair: str | N
     return tokenizer
 
 
-def write_sentence_transformers(folder: Path, pooling_mode: str) -> None:
+def write_sentence_transformers(folder: Path, pooling_mode: str, dense: tuple[Any, ...] = ()) -> None:
+    """modules.json: the Transformer, Pooling, a Dense module per weight in `dense` (no bias, identity
+    activation, as EmbeddingGemma's), Normalize."""
+    from safetensors.torch import save_file
+
+    dense_paths = [f"{2 + index}_Dense" for index in range(len(dense))]
+    paths = ["", "1_Pooling", *dense_paths, f"{2 + len(dense)}_Normalize"]
+    kinds = ["Transformer", "Pooling", *("Dense" for _ in dense), "Normalize"]
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        {"idx": index, "name": str(index), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for index, (path, kind) in enumerate(zip(paths, kinds))
     ]
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": pooling_mode}))
+    for path, weight in zip(dense_paths, dense):
+        out_features, in_features = weight.shape
+        config = {"in_features": in_features, "out_features": out_features, "bias": False}
+        config["activation_function"] = "torch.nn.modules.linear.Identity"
+        (folder / path).mkdir(exist_ok=True)
+        (folder / path / "config.json").write_text(json.dumps(config))
+        save_file({"linear.weight": weight.contiguous()}, folder / path / "model.safetensors")
 
 
 def save_bert(folder: Path, shape: str, kind: str = "embedder", num_labels: int = 1) -> Checkpoint:
@@ -122,4 +142,4 @@ def save_qwen3(folder: Path, shape: str, kind: str = "embedder") -> Checkpoint:
     tokenizer.save(str(folder / "tokenizer.json"))
     if kind == "embedder":
         write_sentence_transformers(folder, "lasttoken")
-    return Checkpoint(folder, kind, "qwen3", shape, model)
+    return Checkpoint(folder, kind, "qwen3", shape, model, pooling="lasttoken")
