@@ -11,10 +11,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.baseline import Baseline, min_cosine
 from benchmarks.checkpoints import save_qwen3
+from benchmarks.mixed import engine_config, measure, mixed_sequences, random_sequences
 from benchmarks.records import RunContext, SuiteOutcome, engine_backend
 from benchmarks.timing import timed
 
@@ -23,17 +22,11 @@ MIN_COSINE = 0.999  # posy in bf16 against the reference in fp32 ("same vector",
 HF_BATCH_SIZE = 16
 
 
-def random_sequences(lengths: list[int], vocab_size: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(5, vocab_size, n).tolist() for n in lengths]
-
-
 def run(options: argparse.Namespace) -> SuiteOutcome:
     import torch
 
     from engine.batch import pack
     from engine.build import build_engine
-    from engine.config import EngineConfig
     from engine.loader import resolve_model
 
     smoke = getattr(options, "smoke", False)
@@ -43,18 +36,16 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
     baseline = Baseline(checkpoint, device, dtype, batch_size=HF_BATCH_SIZE)
-    config = EngineConfig(
-        device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend,
-        max_batch_tokens=32768, max_queue_tokens=64 * 32768, cuda_graphs="off" if smoke else "lazy",
-    )  # fmt: skip
-    engine = build_engine(resolve_model(str(checkpoint.folder)), config)
+    engine = build_engine(
+        resolve_model(str(checkpoint.folder)), engine_config(device, dtype, options.backend)
+    )
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
     context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=engine_backend(engine))
     loop = asyncio.new_event_loop()
     records, failures = [], []
     vocab_size = checkpoint.reference.config.vocab_size
     single = random_sequences([128], vocab_size, seed=1)
-    mixed = random_sequences(np.random.default_rng(2).integers(16, 513, 100).tolist(), vocab_size, seed=3)
+    mixed = mixed_sequences(vocab_size)
     step = engine.runner.step
     try:
         # 1. batch 1 x 128 tokens: request to pooled vector on the host
@@ -68,20 +59,16 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         print(f"qwen3 batch 1x128: posy p50 {posy_p50:.3f} ms, HF eager {hf_p50:.3f} ms")
 
         # 2. 100 mixed texts of 16..512 tokens: real tokens per second
-        for _ in range(3):
-            vectors = loop.run_until_complete(engine.run(mixed))
-        posy = timed(lambda: loop.run_until_complete(engine.run(mixed)), rounds * 2, device)
-        timed(lambda: baseline.embed_ids(mixed), 1, device)
-        hf = timed(lambda: baseline.embed_ids(mixed), rounds, device)
-        tokens = sum(map(len, mixed))
-        posy_rate, hf_rate = tokens / statistics.median(posy), tokens / statistics.median(hf)
-        records.append(context.record("qwen3-mixed100", "real_tokens_per_s", posy_rate, "tokens/s", hf_rate))
-        print(f"qwen3 mixed 100: posy {posy_rate / 1e3:.0f}k tokens/s, HF {hf_rate / 1e3:.0f}k")
+        rates = measure(engine, baseline, mixed, rounds, device, loop)
+        records.append(
+            context.record("qwen3-mixed100", "real_tokens_per_s", rates.posy, "tokens/s", rates.hf)
+        )
+        print(f"qwen3 mixed 100: posy {rates.posy / 1e3:.0f}k tokens/s, HF {rates.hf / 1e3:.0f}k")
 
         # parity, against HF in fp32 on the same weights
         baseline.to(torch.float32)
         cosine = min(
-            min_cosine(vectors, baseline.embed_ids(mixed)),
+            min_cosine(rates.vectors, baseline.embed_ids(mixed)),
             min_cosine(step(pack(single)).result(), baseline.embed_ids(single)),
         )
         records.append(context.record("qwen3-mixed100", "min_cosine_vs_fp32_reference", cosine, "cosine"))
