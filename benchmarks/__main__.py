@@ -16,6 +16,7 @@ SUITES: dict[str, str] = {
     "cpu": "benchmarks.cpu",
     "engine": "benchmarks.engine",
     "qwen3": "benchmarks.qwen3",
+    "families": "benchmarks.families",
     "latency": "benchmarks.latency",
     "scoring": "benchmarks.scoring",
     "throughput": "benchmarks.throughput",
@@ -39,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
     parser.add_argument("--backend", default="auto", help="attention backend of the GPU suites")
+    parser.add_argument(
+        "--shapes", default=None, help="comma-separated shapes of the families suite (default: all of them)"
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",

@@ -73,12 +73,21 @@ class SuiteOutcome:
 
 
 def engine_backend(engine) -> str:
-    """The name of the attention backend an engine's model runs, for its records."""
+    """The name of the attention backend an engine's model runs, for its records: as build_engine names
+    it ("transformers (sdpa)" where the transformers fallback runs), else the model's own."""
+    if getattr(engine, "attention_backend", "unknown") != "unknown":
+        return engine.attention_backend
     for module in engine.runner.model.modules():
         backend = getattr(module, "attention_backend", None)
         if backend is not None:
             return backend.name
     return "unknown"
+
+
+def implementation(backend: str) -> str:
+    """Which implementation a record's engine ran: the transformers fallback (whose backend build_engine
+    names "transformers (sdpa)" or "transformers (eager)") or posy's packed model."""
+    return "transformers" if backend.startswith("transformers") else "posy"
 
 
 def torch_version() -> str:
