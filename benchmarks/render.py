@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks.plots import plot_suites
-from benchmarks.records import BENCHMARKS_DIR, FIELDS, RESULTS_DIR, read_records
+from benchmarks.records import BENCHMARKS_DIR, FIELDS, RESULTS_DIR, implementation, read_records
 
 RESULTS_MD = BENCHMARKS_DIR / "RESULTS.md"
 PLOTS_DIR = BENCHMARKS_DIR / "plots"
@@ -22,6 +23,11 @@ COLUMNS = (
     "case", "metric", "value", "baseline", "ratio", "unit",
     "model", "hardware", "backend", "torch", "commit", "date",
 )  # fmt: skip
+FAMILIES_COLUMNS = (
+    "shape", "implementation", "backend", "posy tokens/s", "HF tokens/s", "ratio / target", "min cosine",
+    "hardware", "date", "commit",
+)  # fmt: skip
+Table = tuple[tuple[str, ...], list[list[str]]]  # columns, rows of cells
 
 
 def latest(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,15 +56,46 @@ def cell(record: dict[str, Any], column: str) -> str:
     return str(record[column])
 
 
+def measurements_table(records: list[dict[str, Any]]) -> Table:
+    """A row per measurement (the latest of each case and metric)."""
+    return COLUMNS, [[cell(record, column) for column in COLUMNS] for record in records]
+
+
+def families_table(records: list[dict[str, Any]]) -> Table:
+    """A row per shape: its tokens per second on both sides, their ratio against the target, the cosine."""
+    by_case: dict[str, dict[str, dict[str, Any]]] = {}
+    for record in records:
+        by_case.setdefault(record["case"], {})[record["metric"]] = record
+    rows = []
+    for case, metrics in by_case.items():
+        tokens, speedup = metrics.get("real_tokens_per_s"), metrics.get("speedup_vs_target")
+        cosine = metrics.get("min_cosine_vs_fp32_reference")
+        first = next(iter(metrics.values()))
+        target = "-"
+        if speedup is not None:
+            verdict = "met" if speedup["ratio"] >= 1 else "missed"
+            target = f"{speedup['value']:.2f}x / {speedup['baseline']:g}x {verdict}"
+        rows.append([
+            case.removesuffix("-mixed100"), implementation(first["backend"]), first["backend"],
+            number(tokens["value"]) if tokens else "-", number(tokens["baseline"]) if tokens else "-",
+            target, number(cosine["value"]) if cosine else "-",
+            cell(first, "hardware"), first["date"], first["commit"],
+        ])  # fmt: skip
+    return FAMILIES_COLUMNS, rows
+
+
+TABLES: dict[str, Callable[[list[dict[str, Any]]], Table]] = {"families": families_table}
+
+
 def suite_table(
     suite: str, records: list[dict[str, Any]], plot: str | None = None, notes: str | None = None
 ) -> str:
     rows = [f"## {suite}", ""]
     if notes is not None:
         rows += [notes.strip(), ""]
-    rows += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for record in latest(records):
-        rows.append("| " + " | ".join(cell(record, column) for column in COLUMNS) + " |")
+    columns, cells = TABLES.get(suite, measurements_table)(latest(records))
+    rows += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    rows += ["| " + " | ".join(row) + " |" for row in cells]
     if plot is not None:
         rows += ["", f"![{suite}]({plot})"]
     return "\n".join(rows) + "\n"

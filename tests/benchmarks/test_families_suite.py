@@ -1,6 +1,7 @@
 """The families suite in its CPU smoke mode: every shape runs (through posy's packed model or the
 transformers fallback, whichever its config gets), records its tokens per second against HF's, its speedup
-against its target and its cosine, and posy's vectors match HF's; `--shapes` picks shapes."""
+against its target and its cosine, and posy's vectors match HF's; `--shapes` picks shapes; RESULTS.md gets
+a row per shape."""
 
 import argparse
 
@@ -8,7 +9,8 @@ import pytest
 
 from benchmarks import families
 from benchmarks.layouts import DEBERTA_V2, GEMMA3, MPNET, QWEN2, config_of
-from benchmarks.records import implementation
+from benchmarks.records import RunContext, implementation
+from benchmarks.render import render
 
 METRICS = ("real_tokens_per_s", "speedup_vs_target", "min_cosine_vs_fp32_reference")
 TOLERANCE = 0.9999  # fp32 on both sides here
@@ -69,3 +71,30 @@ def test_shapes_picks_some_in_its_order_and_refuses_unknown_ones():
     assert families.chosen(None) == list(families.SHAPES)
     with pytest.raises(SystemExit, match="unknown shapes \\['bert'\\]"):
         families.chosen("mpnet-base,bert")
+
+
+def test_render_gives_a_row_per_shape_with_its_ratio_against_the_target(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    lines = []
+    for backend, case, posy, hf, target in (
+        ("flashinfer", "qwen2-1.5b-mixed100", 400e3, 80e3, 4.0),
+        ("transformers (eager)", "deberta-v3-base-mixed100", 90e3, 100e3, 1.0),
+    ):
+        context = RunContext("families", "m", "NVIDIA H200", backend, "2.11", "abc1234", "2026-12-02")
+        lines += [
+            context.record(case, "real_tokens_per_s", posy, "tokens/s", hf),
+            context.record(case, "speedup_vs_target", posy / hf, "x", target),
+            context.record(case, "min_cosine_vs_fp32_reference", 0.9995, "cosine"),
+        ]
+    (results / "families.jsonl").write_text("".join(record.to_json() + "\n" for record in lines))
+    text = render(results, tmp_path / "RESULTS.md", tmp_path / "plots").read_text()
+    assert "| shape | implementation | backend |" in text
+    assert (
+        "| qwen2-1.5b | posy | flashinfer | 400,000.0 | 80,000.0 | 5.00x / 4x met | 0.999500 | NVIDIA H200 "
+        "| 2026-12-02 | abc1234 |" in text
+    )
+    assert (
+        "| deberta-v3-base | transformers | transformers (eager) | 90,000.0 | 100,000.0 | 0.90x / 1x missed |"
+        in text
+    )
