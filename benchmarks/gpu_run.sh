@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine call: `bash benchmarks/gpu_run.sh COMMIT STAGE...` from the project root, after
 # `source .gpu/preamble.sh`. Stages: tests (pytest -m gpu over POSY_GPU_TESTS, default tests), profile
-# (benchmarks.profile with POSY_PROFILE_ARGS), and any suite of
-# `python -m benchmarks` (engine, qwen3, all, ...). Each stage is time-boxed by POSY_STAGE_TIMEOUT
+# (benchmarks.profile with POSY_PROFILE_ARGS), and any suite of `python -m benchmarks` (engine, qwen3,
+# all, ...) with the flags in POSY_<SUITE>_ARGS (upper case, "_" for "-"; for example
+# POSY_FAMILIES_ARGS="--shapes mpnet-base,qwen2-1.5b"). Each stage is time-boxed by POSY_STAGE_TIMEOUT
 # (seconds, default 300) so that one hung stage cannot take the call's results with it. Logs and the
 # appended result records are written under $OUT (results.tgz holds benchmarks/results).
 set -u
@@ -20,7 +21,8 @@ for stage in "$@"; do
     tests) timeout "$limit" python -m pytest -m gpu ${POSY_GPU_TESTS:-tests} -q -rfE -p no:cacheprovider \
       --ignore=tests/api/test_openapi.py --timeout 180 2>&1 | tee "$out/pytest.log" ;;
     profile) timeout "$limit" python -m benchmarks.profile ${POSY_PROFILE_ARGS:-} 2>&1 | tee "$out/profile.txt" ;;
-    *) timeout "$limit" python -m benchmarks "$stage" 2>&1 | tee "$out/bench-$stage.log" ;;
+    *) args=POSY_$(echo "$stage" | tr a-z- A-Z_)_ARGS
+      timeout "$limit" python -m benchmarks "$stage" ${!args:-} 2>&1 | tee "$out/bench-$stage.log" ;;
   esac
   echo "== stage $stage: rc ${PIPESTATUS[0]}, $(($(date +%s) - started)) s" | tee -a "$out/stages.txt"
   tar czf "$out/results.tgz" benchmarks/results benchmarks/RESULTS.md
