@@ -104,7 +104,7 @@ def save_layout(
     torch.manual_seed(0)
     with torch.device(device):
         model = getattr(transformers, layout.model)(config).eval()
-    state = {name: tensor.to(dtype or tensor.dtype) for name, tensor in model.state_dict().items()}
+    state = {name: tensor.to("cpu", dtype or tensor.dtype) for name, tensor in model.state_dict().items()}
     model.save_pretrained(folder, state_dict=state)
     if layout.architecture != layout.model:  # save_pretrained names the saved class
         config_json = json.loads((folder / "config.json").read_text())
