@@ -96,9 +96,11 @@ def random_sequences(lengths, seed=1):
 
 def reference_rows(reference, sequences):
     """The fp32 transformers model on the GPU, one sequence at a time, pooled as its files say, through
-    the Dense modules, normalized."""
+    the Dense modules, normalized. Eager attention always builds the sliding-window mask (transformers
+    5.17's sdpa path dropped it for a causal 513-token text, one past the window)."""
     model, dense = reference
     bidirectional = model.config.use_bidirectional_attention
+    model.set_attn_implementation("eager")
     model = model.to("cuda")
     rows = []
     with torch.inference_mode():
