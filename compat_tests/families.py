@@ -28,6 +28,7 @@ CPU_FLOAT32 = ("--device", "cpu", "--dtype", "float32")  # the reference runs in
 MAX_POSITIONS = 512
 DENSE_OUT = 48  # the LaBSE-style family's vectors, after its Dense modules
 MODERNBERT_LOCAL_ATTENTION = 8  # a sliding layer sees 4 tokens on each side: every test text is longer
+GEMMA3_SLIDING_WINDOW = 8  # causal: 7 keys back; bidirectional: 4 on each side
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -541,7 +542,6 @@ def build_labse(folder: Path) -> nn.Module:
     """LaBSE's layout: a BERT encoder, CLS pooling, a Dense with Tanh, Normalize; here a second Dense
     (Identity, no bias) narrows the vectors to DENSE_OUT."""
     import transformers
-    from safetensors.torch import save_file
 
     config = transformers.BertConfig(
         vocab_size=modernbert_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
@@ -550,12 +550,19 @@ def build_labse(folder: Path) -> nn.Module:
     )  # fmt: skip
     encoder = save(folder, randomize(transformers.BertModel(config), 0.2), modernbert_tokenizer())
     write_sentence_transformers(folder, "cls", normalize=True)
+    layers = write_dense_modules(folder, [(HIDDEN, True, nn.Tanh), (DENSE_OUT, False, nn.Identity)])
+    return DenseReference(encoder, layers)
+
+
+def write_dense_modules(folder: Path, specs: list[tuple[int, bool, type[nn.Module]]]):
+    """Random sentence-transformers Dense modules (out features, bias, activation) between the pooling and
+    the Normalize that write_sentence_transformers listed -> [(linear, activation)]."""
+    from safetensors.torch import save_file
+
     modules = json.loads((folder / "modules.json").read_text())
     normalize = modules.pop()
     layers = []
-    for index, (size, bias, activation) in enumerate(
-        ((HIDDEN, True, nn.Tanh), (DENSE_OUT, False, nn.Identity))
-    ):
+    for index, (size, bias, activation) in enumerate(specs):
         path = f"{2 + index}_Dense"
         linear = nn.Linear(layers[-1][0].out_features if layers else HIDDEN, size, bias=bias)
         torch.manual_seed(10 + index)
@@ -584,10 +591,74 @@ def build_labse(folder: Path) -> nn.Module:
             }
         )
         layers.append((linear, activation()))
-    normalize["idx"], normalize["name"], normalize["path"] = 4, "4", "4_Normalize"
-    (folder / "2_Normalize").rename(folder / "4_Normalize")
+    last = 2 + len(specs)
+    normalize["idx"], normalize["name"], normalize["path"] = last, str(last), f"{last}_Normalize"
+    (folder / "2_Normalize").rename(folder / f"{last}_Normalize")
     (folder / "modules.json").write_text(json.dumps([*modules, normalize]))
+    return layers
+
+
+def gemma3_config(architecture: str, tokenizer: Tokenizer, **overrides):
+    """A tiny Gemma3 text model: head dim 256 and query_pre_attn_scalar as EmbeddingGemma has them, a
+    sliding window shorter than every test text, two sliding layers and a full one."""
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=GEMMA3_SLIDING_WINDOW, max_position_embeddings=MAX_POSITIONS,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        pad_token_id=tokenizer.token_to_id("<pad>"), num_labels=1, architectures=[architecture], **overrides,
+    )  # fmt: skip
+
+
+def build_embeddinggemma(folder: Path) -> nn.Module:
+    """EmbeddingGemma-300m's layout: a bidirectional Gemma3TextModel (two-sided sliding windows), mean
+    pooling, two Dense modules (Identity, no bias: 64 -> 96 -> DENSE_OUT) and Normalize."""
+    import transformers
+
+    tokenizer = xlm_roberta_tokenizer()
+    config = gemma3_config("Gemma3TextModel", tokenizer, use_bidirectional_attention=True)
+    encoder = save(folder, randomize(transformers.Gemma3TextModel(config), 0.2), tokenizer)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    layers = write_dense_modules(folder, [(96, False, nn.Identity), (DENSE_OUT, False, nn.Identity)])
     return DenseReference(encoder, layers)
+
+
+def embeddinggemma_without_sliding_window(folder: Path) -> nn.Module:
+    encoder = gemma3_without_sliding_window(folder)
+    return DenseReference(encoder, dense_layers(folder))
+
+
+def dense_layers(folder: Path) -> list[tuple[nn.Linear, nn.Module]]:
+    """The Dense modules a folder lists, as (linear, activation), read back from their files."""
+    from safetensors.torch import load_file
+
+    layers = []
+    for module in json.loads((folder / "modules.json").read_text()):
+        if module["type"].endswith("Dense"):
+            config = json.loads((folder / module["path"] / "config.json").read_text())
+            linear = nn.Linear(config["in_features"], config["out_features"], bias=config["bias"])
+            tensors = load_file(folder / module["path"] / "model.safetensors")
+            linear.load_state_dict({key.removeprefix("linear."): value for key, value in tensors.items()})
+            activation = nn.Tanh if config["activation_function"].endswith("Tanh") else nn.Identity
+            layers.append((linear, activation()))
+    return layers
+
+
+def build_gemma3_cross_encoder(folder: Path) -> nn.Module:
+    """A Gemma3TextForSequenceClassification reranker: causal, sliding windows, the last token through
+    `score`."""
+    import transformers
+
+    tokenizer = xlm_roberta_tokenizer()
+    config = gemma3_config("Gemma3TextForSequenceClassification", tokenizer)
+    model = randomize(transformers.Gemma3TextForSequenceClassification(config), 0.2)
+    return save(folder, model, tokenizer)
+
+
+def gemma3_without_sliding_window(folder: Path) -> nn.Module:
+    return model_class(folder).from_pretrained(folder, layer_types=["full_attention"] * 3).eval()
 
 
 def build_gpt2(folder: Path) -> nn.Module:
@@ -625,7 +696,14 @@ def normalized_mean_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
 
 
 def dense_cls_vector(model: DenseReference, ids: Sequence[int]) -> np.ndarray:
-    rows = hidden_states(model.encoder, ids)[0]
+    return dense_vector(model, hidden_states(model.encoder, ids)[0])
+
+
+def dense_mean_vector(model: DenseReference, ids: Sequence[int]) -> np.ndarray:
+    return dense_vector(model, hidden_states(model.encoder, ids).mean(0))
+
+
+def dense_vector(model: DenseReference, rows: torch.Tensor) -> np.ndarray:
     with torch.inference_mode():
         for linear, activation in model.layers:
             rows = activation(linear(rows))
@@ -764,6 +842,14 @@ ALL_MPNET = Family(
 LABSE = Family(
     "tiny-labse", "sentence-transformers/LaBSE", build_labse, dense_cls_vector, dimensions=DENSE_OUT
 )
+EMBEDDINGGEMMA = Family(
+    "tiny-embeddinggemma", "google/embeddinggemma-300m", build_embeddinggemma, dense_mean_vector,
+    ablated=embeddinggemma_without_sliding_window, min_tokens=GEMMA3_SLIDING_WINDOW, dimensions=DENSE_OUT,
+)  # fmt: skip
+GEMMA3_CROSS_ENCODER = Family(
+    "tiny-gemma3-cross-encoder", "a Gemma3TextForSequenceClassification reranker", build_gemma3_cross_encoder,
+    classifier_logit, ablated=gemma3_without_sliding_window, min_tokens=GEMMA3_SLIDING_WINDOW,
+)  # fmt: skip
 
 # the families every generic test runs over; add a family's entry here to have it checked end to end
 EMBEDDERS = [
@@ -778,6 +864,7 @@ EMBEDDERS = [
     LABSE,
     ELECTRA_EMBEDDER,
     ALL_MPNET,
+    EMBEDDINGGEMMA,
 ]
 CROSS_ENCODERS = [
     BGE_RERANKER,
@@ -785,4 +872,5 @@ CROSS_ENCODERS = [
     DISTILBERT_CROSS_ENCODER,
     QWEN2_CROSS_ENCODER,
     DEBERTA_CROSS_ENCODER,
+    GEMMA3_CROSS_ENCODER,
 ]
