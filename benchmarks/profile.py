@@ -1,7 +1,8 @@
-"""`python -m benchmarks.profile [bert-base|qwen3-0.6b] [BACKEND]`: where an engine step spends its time,
-on the BERT-base shape at batch 1 x 128 and at a full 16k-token batch, or on the Qwen3-0.6B shape at one
-4096-token text: the host's share (pack, step, wait), a graph replay alone, and every
-GPU kernel and copy of one step (count, summed time)."""
+"""`python -m benchmarks.profile [SHAPE] [BACKEND]`: where an engine step spends its time, on the BERT-base
+shape (the default) at batch 1 x 128 and at a full 16k-token batch, on the Qwen3-0.6B shape at one
+4096-token text, or on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m) at its 100 mixed
+texts in one batch: the host's share (pack, step, wait), a graph replay alone, and every GPU kernel and
+copy of one step (count, summed time)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,32 @@ def main(argv: list[str]) -> None:
 
     from benchmarks.checkpoints import save_bert, save_qwen3
     from benchmarks.engine import random_sequences
+    from benchmarks.layouts import GEMMA3, MPNET, QWEN2, save_layout
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
     from engine.loader import resolve_model
 
+    layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
     shape = argv[0] if argv else "bert-base"
     backend = argv[1] if len(argv) > 1 else "auto"
+    max_batch_tokens = 16384
     if shape == "qwen3-0.6b":
         checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
         cases = {"1x4096": random_sequences([4096], 1)}
+    elif shape in layout_shapes:  # the families suite's shapes, its 100 mixed texts in one batch
+        from benchmarks.mixed import MAX_BATCH_TOKENS, mixed_sequences
+
+        layout = layout_shapes[shape]
+        checkpoint = save_layout(Path(tempfile.mkdtemp()), shape, layout, "cuda", torch.bfloat16)
+        cases = {"mixed100": mixed_sequences(layout.vocab_size)}
+        max_batch_tokens = MAX_BATCH_TOKENS
     else:
         checkpoint = save_bert(Path(tempfile.mkdtemp()), shape)
         cases = {"batch1x128": random_sequences([128], 1), "full-50tok": random_sequences([50] * 327, 2)}
     config = EngineConfig(
-        device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=16384,
-        max_queue_tokens=2**20,
+        device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=max_batch_tokens,
+        max_queue_tokens=2**21,
     )  # fmt: skip
     engine = build_engine(resolve_model(str(checkpoint.folder)), config)
     print(f"{shape}: attention backend {engine.attention_backend}")
@@ -43,7 +54,7 @@ def main(argv: list[str]) -> None:
             for _ in range(4):
                 runner.step(pack(sequences)).result()
             host = []
-            for _ in range(50 if shape == "qwen3-0.6b" else 200):
+            for _ in range(50 if shape in ("qwen3-0.6b", *layout_shapes) else 200):
                 start = time.perf_counter()
                 batch = pack(sequences)
                 packed = time.perf_counter()
