@@ -171,10 +171,65 @@ def test_a_missing_tensor_fails_the_load(tmp_path):
 def test_remote_code_is_refused_without_trust_remote_code(tmp_path):
     save_random(tmp_path, "electra", "ElectraModel")
     config = json.loads((tmp_path / "config.json").read_text())
-    config |= {"model_type": "my-encoder", "auto_map": {"AutoModel": "modeling_my.MyEncoder"}}
+    config |= {"model_type": "my-encoder", "auto_map": {"AutoModel": "modeling_my.MyEncoderModel"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModel, match="--trust-remote-code"):
         resolve_model(str(tmp_path))
+
+
+REMOTE_CONFIG = """from transformers import ElectraConfig
+
+
+class MyEncoderConfig(ElectraConfig):
+    model_type = "my-encoder"
+"""
+REMOTE_MODEL = """from transformers import ElectraModel
+
+from .configuration_my import MyEncoderConfig
+
+
+class MyEncoderModel(ElectraModel):
+    config_class = MyEncoderConfig
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        output.last_hidden_state = output.last_hidden_state.flip(-1)  # what only this code does
+        return output
+"""
+
+
+def test_trust_remote_code_runs_the_code_in_the_checkpoint_folder(tmp_path):
+    """With --trust-remote-code the fallback runs the folder's own modeling file (its output, not the
+    base class's), still loaded strictly."""
+    save_random(tmp_path, "electra", "ElectraModel")
+    (tmp_path / "configuration_my.py").write_text(REMOTE_CONFIG)
+    (tmp_path / "modeling_my.py").write_text(REMOTE_MODEL)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config |= {
+        "model_type": "my-encoder",
+        "architectures": ["MyEncoderModel"],
+        "auto_map": {
+            "AutoConfig": "configuration_my.MyEncoderConfig",
+            "AutoModel": "modeling_my.MyEncoderModel",
+        },
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel, match="--trust-remote-code"):
+        resolve_model(str(tmp_path))
+    spec = resolve_model(str(tmp_path), trust_remote_code=True)
+    assert (spec.architecture, spec.implementation) == ("MyEncoderModel", "transformers")
+    model = load(spec)
+    assert type(model.backbone.model).__name__ == "MyEncoderModel"
+    sequences = encode(spec, TEXTS)
+    with torch.inference_mode():
+        ours = model(pack(sequences))
+        hidden = [
+            model.backbone.model(input_ids=torch.tensor([ids])).last_hidden_state[0] for ids in sequences
+        ]
+    expected = F.normalize(torch.stack([rows.mean(0) for rows in hidden]), dim=-1)
+    assert F.cosine_similarity(ours, expected).min().item() >= COSINE_TOLERANCE
+    unflipped = F.normalize(torch.stack([rows.flip(-1).mean(0) for rows in hidden]), dim=-1)
+    assert F.cosine_similarity(ours, unflipped).max().item() < 0.999
 
 
 def test_model_impl_chooses_the_implementation(tmp_path):
