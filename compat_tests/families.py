@@ -431,6 +431,18 @@ def build_e5_mistral(folder: Path) -> nn.Module:
     return save(folder, model, tokenizer)
 
 
+def build_llama_embedder(folder: Path) -> nn.Module:
+    """A Llama embedder (LLM2Vec / Llama-based sentence-transformers models): LlamaModel with attention
+    and MLP biases, causal, last-token files."""
+    import transformers
+
+    tokenizer = qwen3_tokenizer(append_endoftext=True)
+    config = decoder_config("LlamaConfig", "LlamaModel", tokenizer, attention_bias=True, mlp_bias=True)
+    model = randomize(transformers.LlamaModel(config), 0.1)
+    write_sentence_transformers(folder, "lasttoken", normalize=True)
+    return save(folder, model, tokenizer)
+
+
 def build_qwen2_cross_encoder(folder: Path) -> nn.Module:
     """A decoder cross-encoder: Qwen2ForSequenceClassification, the last token through `score`."""
     import transformers
@@ -520,6 +532,29 @@ def build_all_mpnet(folder: Path) -> nn.Module:
     write_sentence_transformers(folder, "mean", normalize=True)
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}))
     return save(folder, model, xlm_roberta_tokenizer()).mpnet
+
+
+def build_mpnet_cross_encoder(folder: Path) -> nn.Module:
+    """An MPNetForSequenceClassification reranker: <s> through the dense, tanh, out_proj head."""
+    import transformers
+
+    config = transformers.MPNetConfig(
+        vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
+        architectures=["MPNetForSequenceClassification"],
+    )  # fmt: skip
+    model = randomize(transformers.MPNetForSequenceClassification(config), 0.2)
+    with torch.no_grad():
+        model.mpnet.encoder.relative_attention_bias.weight.mul_(10.0)
+    return save(folder, model, xlm_roberta_tokenizer())
+
+
+def mpnet_cross_encoder_without_position_bias(folder: Path) -> nn.Module:
+    model = model_class(folder).from_pretrained(folder).eval()
+    with torch.no_grad():
+        model.mpnet.encoder.relative_attention_bias.weight.zero_()
+    return model
 
 
 def mpnet_without_position_bias(folder: Path) -> nn.Module:
@@ -842,6 +877,14 @@ ALL_MPNET = Family(
 LABSE = Family(
     "tiny-labse", "sentence-transformers/LaBSE", build_labse, dense_cls_vector, dimensions=DENSE_OUT
 )
+LLAMA_EMBEDDER = Family(
+    "tiny-llama-embedder", "a LlamaModel embedder with attention and MLP biases", build_llama_embedder,
+    last_token_vector,
+)  # fmt: skip
+MPNET_CROSS_ENCODER = Family(
+    "tiny-mpnet-cross-encoder", "an MPNetForSequenceClassification reranker", build_mpnet_cross_encoder,
+    classifier_logit, ablated=mpnet_cross_encoder_without_position_bias,
+)  # fmt: skip
 EMBEDDINGGEMMA = Family(
     "tiny-embeddinggemma", "google/embeddinggemma-300m", build_embeddinggemma, dense_mean_vector,
     ablated=embeddinggemma_without_sliding_window, min_tokens=GEMMA3_SLIDING_WINDOW, dimensions=DENSE_OUT,
@@ -865,6 +908,7 @@ EMBEDDERS = [
     ELECTRA_EMBEDDER,
     ALL_MPNET,
     EMBEDDINGGEMMA,
+    LLAMA_EMBEDDER,
 ]
 CROSS_ENCODERS = [
     BGE_RERANKER,
@@ -873,4 +917,5 @@ CROSS_ENCODERS = [
     QWEN2_CROSS_ENCODER,
     DEBERTA_CROSS_ENCODER,
     GEMMA3_CROSS_ENCODER,
+    MPNET_CROSS_ENCODER,
 ]
