@@ -518,17 +518,7 @@ def build_deberta_cross_encoder(folder: Path) -> nn.Module:
 def build_all_mpnet(folder: Path) -> nn.Module:
     """all-mpnet-base-v2's layout: an MPNetForMaskedLM checkpoint (relative position buckets, positions
     after the pad index) with mean-pooling, normalizing sentence-transformers files."""
-    import transformers
-
-    config = transformers.MPNetConfig(
-        vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
-        relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-        architectures=["MPNetForMaskedLM"],
-    )  # fmt: skip
-    model = randomize(transformers.MPNetForMaskedLM(config), 0.2)
-    with torch.no_grad():  # trained tables hold biases of several units, as large as the scores
-        model.mpnet.encoder.relative_attention_bias.weight.mul_(10.0)
+    model = random_mpnet("MPNetForMaskedLM")
     write_sentence_transformers(folder, "mean", normalize=True)
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}))
     return save(folder, model, xlm_roberta_tokenizer()).mpnet
@@ -536,18 +526,24 @@ def build_all_mpnet(folder: Path) -> nn.Module:
 
 def build_mpnet_cross_encoder(folder: Path) -> nn.Module:
     """An MPNetForSequenceClassification reranker: <s> through the dense, tanh, out_proj head."""
+    return save(folder, random_mpnet("MPNetForSequenceClassification"), xlm_roberta_tokenizer())
+
+
+def random_mpnet(architecture: str) -> nn.Module:
+    """A tiny random MPNet (positions after the pad index 1, XLM-R's tokenizer) whose relative position
+    bias is of several units, as trained tables hold, as large as the scores."""
     import transformers
 
     config = transformers.MPNetConfig(
         vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
-        architectures=["MPNetForSequenceClassification"],
+        relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
+        architectures=[architecture],
     )  # fmt: skip
-    model = randomize(transformers.MPNetForSequenceClassification(config), 0.2)
+    model = randomize(getattr(transformers, architecture)(config), 0.2)
     with torch.no_grad():
         model.mpnet.encoder.relative_attention_bias.weight.mul_(10.0)
-    return save(folder, model, xlm_roberta_tokenizer())
+    return model
 
 
 def mpnet_cross_encoder_without_position_bias(folder: Path) -> nn.Module:

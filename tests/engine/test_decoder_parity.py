@@ -9,6 +9,7 @@ import torch
 
 from engine.errors import WeightLoadError
 from engine.loader import resolve_model
+from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_qwen3_parity import (
     VOCAB_SIZE,
     assert_same_vectors,
@@ -113,12 +114,8 @@ def test_a_qwen3_reranker_conversion_formats_pairs_as_the_judge(tmp_path):
 
 
 def test_a_missing_bias_fails_the_load(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     save_random_decoder(tmp_path, "Qwen2Model")
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors[next(name for name in tensors if name.endswith("k_proj.bias"))]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    without_tensor(tmp_path, "k_proj.bias")
     with pytest.raises(WeightLoadError, match=r"missing.*k_proj\.bias"):
         load(tmp_path)
 

@@ -10,6 +10,7 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.errors import WeightLoadError
 from engine.loader import load_model, resolve_model
+from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_roberta_parity import COSINE_TOLERANCE, LOGIT_TOLERANCE, save_random_model
 
 SEQLENS = [2, 17, 5, 40, 3, 64, 9]  # with [CLS] and [SEP]; 64 is the window
@@ -96,13 +97,9 @@ def test_classifier_matches_transformers(tmp_path):
 
 def test_a_missing_tensor_fails_the_load(tmp_path):
     import transformers
-    from safetensors.torch import load_file, save_file
 
     save_random_model(tmp_path, transformers.DistilBertModel, tiny_config("DistilBertModel"))
-    tensors = load_file(tmp_path / "model.safetensors")
-    name = next(name for name in tensors if name.endswith("sa_layer_norm.bias"))
-    del tensors[name]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    without_tensor(tmp_path, "sa_layer_norm.bias")
     with pytest.raises(WeightLoadError, match="missing.*sa_layer_norm.bias"):
         load(tmp_path)
 
@@ -122,12 +119,10 @@ GPU_LENGTHS = [3, 17, 64, 5, 200, 512, 33, 128, 2, 300]
 def test_distilbert_base_in_bf16_on_cuda_matches_the_fp32_reference(tmp_path, backend_name):
     """distilbert-base's shape, random weights: the bf16 embedder (the Triton embeddings kernel without a
     type table) and the engine with CUDA graphs against fp32 transformers, cosine >= 0.999."""
-    import numpy as np
     import transformers
 
-    from engine.config import EngineConfig
     from engine.errors import AttentionBackendUnavailable
-    from tests.engine.graph_runs import run_three_times
+    from tests.engine.graph_runs import assert_engine_gives, mean_vectors_on_cuda
 
     config = tiny_config("DistilBertModel")
     for name, value in DISTILBERT_BASE.items():
@@ -142,26 +137,11 @@ def test_distilbert_base_in_bf16_on_cuda_matches_the_fp32_reference(tmp_path, ba
         pytest.skip(str(error))
     generator = torch.Generator().manual_seed(3)
     batch = [[1, *torch.randint(3, 1000, (n - 2,), generator=generator).tolist(), 2] for n in GPU_LENGTHS]
-    reference = reference.to("cuda")
+    expected = mean_vectors_on_cuda(reference, batch)
     with torch.inference_mode():
-        expected = torch.stack(
-            [
-                F.normalize(
-                    reference(input_ids=torch.tensor([ids], device="cuda")).last_hidden_state[0].mean(0),
-                    dim=-1,
-                )
-                for ids in batch
-            ]
-        ).cpu()
         model = load_model(spec, "cuda", torch.bfloat16, backend)
         ours = model(pack(batch).to("cuda")).cpu()
     assert F.cosine_similarity(ours, expected).min().item() >= 0.999
     if backend_name == "auto":
         del model
-        results, graphs = run_three_times(
-            spec, EngineConfig(device="cuda", dtype="bfloat16"), [[ids] for ids in batch]
-        )
-        assert graphs is not None and graphs.graphs, "no graph was captured"
-        for row, runs in zip(expected.numpy(), results):
-            for rows in runs:
-                assert float((rows[0] * row).sum() / np.linalg.norm(rows[0])) >= 0.999
+        assert_engine_gives(spec, expected, batch)

@@ -21,6 +21,7 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import UnsupportedModel, WeightLoadError
 from engine.loader import load_model, resolve_model
+from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_bert_parity import TEXTS
 from tests.engine.test_dense_parity import with_dense
 
@@ -158,12 +159,8 @@ def test_the_engine_batches_the_fallback_like_any_model(tmp_path):
 
 
 def test_a_missing_tensor_fails_the_load(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     save_random(tmp_path, "electra", "ElectraModel")
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors[next(name for name in tensors if name.endswith("attention.output.LayerNorm.bias"))]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    without_tensor(tmp_path, "attention.output.LayerNorm.bias")
     with pytest.raises(WeightLoadError, match="missing.*LayerNorm.bias"):
         load(resolve_model(str(tmp_path)))
 

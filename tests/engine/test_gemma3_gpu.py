@@ -48,20 +48,14 @@ def save_gemma3(folder, bidirectional=True):
     import transformers
     from safetensors.torch import save_file
 
-    from tests.engine.test_qwen3_parity import VOCAB_SIZE, save_word_tokenizer
+    from tests.engine.test_qwen3_parity import VOCAB_SIZE, randomized, save_word_tokenizer
 
     config = transformers.Gemma3TextConfig(
         vocab_size=VOCAB_SIZE, use_bidirectional_attention=bidirectional, pad_token_id=0,
         architectures=["Gemma3TextModel"], **EMBEDDINGGEMMA_SHAPE,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.Gemma3TextModel(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(-0.2, 0.2)
-            else:
-                parameter.normal_(0.0, 0.02)
+    model = randomized(transformers.Gemma3TextModel(config).eval(), 0.02, norms=(-0.2, 0.2))
     model.save_pretrained(folder)
     save_word_tokenizer(folder)
     modules = [{"path": "", "type": "sentence_transformers.models.Transformer"}]

@@ -3,8 +3,6 @@ embedders over texts longer than the sliding window, the window exactly as trans
 fewer or more each side fails), the sequence classifier, Gemma3ForCausalLM run bare, batch invariance,
 strict loading, float16 refused, and config values posy cannot honour sent to transformers."""
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,12 +12,15 @@ from engine.batch import pack
 from engine.errors import UnsupportedModel, WeightLoadError
 from engine.loader import load_model, resolve_model
 from engine.models.decoder import embedding_scale
+from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_qwen3_parity import (
     VOCAB_SIZE,
     assert_same_vectors,
     load,
     random_sequences,
+    randomized,
     save_word_tokenizer,
+    write_pooling_files,
 )
 
 SLIDING_WINDOW = 8  # config.json's; bidirectional, transformers keeps 8 // 2 + 1 and masks |q - k| < 5
@@ -42,25 +43,11 @@ def save_random_gemma3(folder, architecture="Gemma3TextModel", bidirectional=Tru
     )  # fmt: skip
     config = transformers.Gemma3TextConfig(**{**settings, **overrides})
     torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(-0.5, 0.5)
-            else:
-                parameter.normal_(0.0, 0.1)
+    model = randomized(getattr(transformers, architecture)(config).eval(), 0.1, norms=(-0.5, 0.5))
     model.save_pretrained(folder)
     save_word_tokenizer(folder)
     if pooling is not None:
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        (folder / "modules.json").write_text(json.dumps(modules))
-        (folder / "1_Pooling").mkdir()
-        config = {"word_embedding_dimension": 64, "pooling_mode": pooling}
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+        write_pooling_files(folder, pooling)
     return model
 
 
@@ -194,12 +181,8 @@ def test_a_causal_lm_with_sentence_transformers_files_runs_bare(tmp_path):
 
 
 def test_a_missing_norm_fails_the_load(tmp_path):
-    from safetensors.torch import load_file, save_file
-
     save_random_gemma3(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors[next(name for name in tensors if name.endswith("post_feedforward_layernorm.weight"))]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    without_tensor(tmp_path, "post_feedforward_layernorm.weight")
     with pytest.raises(WeightLoadError, match=r"missing.*post_feedforward_layernorm\.weight"):
         load(tmp_path)
 

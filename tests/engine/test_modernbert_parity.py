@@ -16,6 +16,7 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.errors import WeightLoadError
 from engine.loader import load_model, resolve_model
+from tests.engine.checkpoint_edits import without_tensor
 
 # with [CLS] and [SEP]; 64 is the model window. local_attention 8: a sliding layer's query sees 4 keys
 # on each side, so most of these sequences are longer than the window
@@ -214,10 +215,7 @@ def test_an_unknown_tensor_fails_the_load(tmp_path, architecture, extra):
 
 def test_a_missing_tensor_fails_the_load(tmp_path):
     save_random_model(tmp_path, tiny_config("ModernBertModel", norm_bias=True))
-    tensors = load_file(tmp_path / "model.safetensors")
-    name = next(name for name in tensors if name.endswith("layers.2.mlp_norm.bias"))
-    del tensors[name]
-    save_file(tensors, tmp_path / "model.safetensors")
+    without_tensor(tmp_path, "layers.2.mlp_norm.bias")
     with pytest.raises(WeightLoadError, match=r"missing: \['layers.2.mlp_norm.bias'\]"):
         load(tmp_path)
 

@@ -12,7 +12,14 @@ from engine.batch import pack
 from engine.errors import AttentionBackendUnavailable, WeightLoadError
 from engine.loader import load_model, resolve_model
 from engine.models.bert import MAX_DISTANCE, relative_position_buckets
-from tests.engine.test_roberta_parity import COSINE_TOLERANCE, LOGIT_TOLERANCE, save_random_model
+from tests.engine.checkpoint_edits import without_tensor
+from tests.engine.test_roberta_parity import (
+    COSINE_TOLERANCE,
+    LOGIT_TOLERANCE,
+    padded,
+    random_sequences,
+    save_random_model,
+)
 
 SEQLENS = [2, 300, 17, 5, 140, 3, 64, 200, 9]  # with <s> and </s>; 300 is the window
 FAR_BUCKETS = [14, 15, 30, 31]  # offsets of 64 tokens and more, on either side
@@ -29,18 +36,7 @@ def tiny_config(architecture, num_labels=1):
 
 
 def sequences():
-    generator = torch.Generator().manual_seed(4)
-    # <s>=0 ... </s>=2, never the pad id 1
-    return [[0, *torch.randint(3, 1000, (n - 2,), generator=generator).tolist(), 2] for n in SEQLENS]
-
-
-def padded(batch):
-    input_ids = torch.ones(len(batch), max(SEQLENS), dtype=torch.int64)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention_mask[row, : len(ids)] = 1
-    return input_ids, attention_mask
+    return random_sequences(SEQLENS, seed=4)  # <s>=0 ... </s>=2, never the pad id 1
 
 
 def mean_vectors(reference, batch):
@@ -140,12 +136,9 @@ def test_masked_lm_with_sentence_transformers_files_is_the_bare_encoder(tmp_path
 
 def test_a_missing_bias_table_fails_the_load(tmp_path):
     import transformers
-    from safetensors.torch import load_file, save_file
 
     save_random_model(tmp_path, transformers.MPNetModel, tiny_config("MPNetModel"))
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors["encoder.relative_attention_bias.weight"]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    without_tensor(tmp_path, "encoder.relative_attention_bias.weight")
     with pytest.raises(WeightLoadError, match="missing.*relative_attention_bias"):
         load(tmp_path)
 
@@ -178,11 +171,9 @@ GPU_LENGTHS = [3, 17, 64, 5, 200, 512, 33, 128, 2, 300]
 def test_mpnet_base_in_bf16_on_cuda_matches_the_fp32_reference(tmp_path, backend_name):
     """all-mpnet-base-v2's shape, random weights: the bf16 embedder (the bias added in the Triton kernel at
     every length) and the engine with CUDA graphs against fp32 transformers, cosine >= 0.999."""
-    import numpy as np
     import transformers
 
-    from engine.config import EngineConfig
-    from tests.engine.graph_runs import run_three_times
+    from tests.engine.graph_runs import assert_engine_gives, mean_vectors_on_cuda
 
     config = tiny_config("MPNetModel")
     for name, value in MPNET_BASE.items():
@@ -203,26 +194,11 @@ def test_mpnet_base_in_bf16_on_cuda_matches_the_fp32_reference(tmp_path, backend
             select_backend("flashinfer", "cuda", head_dim=64, dtype=torch.bfloat16, position_bias=True)
     generator = torch.Generator().manual_seed(3)
     batch = [[0, *torch.randint(3, 1000, (n - 2,), generator=generator).tolist(), 2] for n in GPU_LENGTHS]
-    reference = reference.to("cuda")
+    expected = mean_vectors_on_cuda(reference, batch)
     with torch.inference_mode():
-        expected = torch.stack(
-            [
-                F.normalize(
-                    reference(input_ids=torch.tensor([ids], device="cuda")).last_hidden_state[0].mean(0),
-                    dim=-1,
-                )
-                for ids in batch
-            ]
-        ).cpu()
         model = load_model(spec, "cuda", torch.bfloat16, backend)
         ours = model(pack(batch).to("cuda")).cpu()
     assert F.cosine_similarity(ours, expected).min().item() >= 0.999
     if backend_name == "auto":
         del model
-        results, graphs = run_three_times(
-            spec, EngineConfig(device="cuda", dtype="bfloat16"), [[ids] for ids in batch]
-        )
-        assert graphs is not None and graphs.graphs, "no graph was captured"
-        for row, runs in zip(expected.numpy(), results):
-            for rows in runs:
-                assert float((rows[0] * row).sum() / np.linalg.norm(rows[0])) >= 0.999
+        assert_engine_gives(spec, expected, batch)

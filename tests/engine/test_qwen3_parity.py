@@ -55,25 +55,31 @@ def save_random_qwen3(folder, architecture, sentence_transformers=None, std=0.1,
     model.save_pretrained(folder)
     save_word_tokenizer(folder)
     if sentence_transformers is not None:
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        (folder / "modules.json").write_text(json.dumps(modules))
-        (folder / "1_Pooling").mkdir()
-        pooling = {"word_embedding_dimension": 64, "pooling_mode": sentence_transformers}
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+        write_pooling_files(folder, sentence_transformers)
     return model
 
 
-def randomized(model, std):
-    """Norm scales around one, as trained norms are; every other weight (biases too) larger than the
-    default init, so that every one matters."""
+def write_pooling_files(folder, pooling_mode, hidden_size=64):
+    """sentence-transformers files: the Transformer, Pooling by `pooling_mode`, Normalize."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": hidden_size, "pooling_mode": pooling_mode}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+
+
+def randomized(model, std, norms=(0.5, 1.5)):
+    """Norm scales drawn from `norms` (around one, as trained norms are; Gemma's (1 + w) norms store
+    deltas from one); every other weight (biases too) larger than the default init, so that every one
+    matters."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
+                parameter.uniform_(*norms)
             else:
                 parameter.normal_(0.0, std)
     return model

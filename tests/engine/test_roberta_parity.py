@@ -54,14 +54,14 @@ def save_random_model(folder, model_class, config, std=0.2):
     return model
 
 
-def random_sequences():
-    generator = torch.Generator().manual_seed(1)
+def random_sequences(seqlens=SEQLENS, seed=1):
+    generator = torch.Generator().manual_seed(seed)
     # <s> ... </s>, never the pad id 1 inside
-    return [[0, *torch.randint(3, 1000, (n - 2,), generator=generator).tolist(), 2] for n in SEQLENS]
+    return [[0, *torch.randint(3, 1000, (n - 2,), generator=generator).tolist(), 2] for n in seqlens]
 
 
 def padded(sequences):
-    input_ids = torch.ones(len(sequences), max(SEQLENS), dtype=torch.int64)  # pad id 1
+    input_ids = torch.ones(len(sequences), max(map(len, sequences)), dtype=torch.int64)  # pad id 1
     attention_mask = torch.zeros_like(input_ids)
     for row, ids in enumerate(sequences):
         input_ids[row, : len(ids)] = torch.tensor(ids)
