@@ -22,7 +22,7 @@ from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import DenseLayout
 from engine.models.heads import Embedder
-from engine.models.registry import build_model, fallback_entry, lookup
+from engine.models.registry import build_model, fallback_entry, lookup, spec_entry
 from engine.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -174,6 +174,8 @@ def read_spec(
         logit_score = read_cross_encoder(
             name, folder, transformer_dir, architecture, entry.head, modules or []
         )
+        if logit_score is not None and getattr(hf_config, "final_logit_softcapping", None) is not None:
+            raise UnsupportedModel(f"model {name!r}: a judge of soft-capped LM logits is not supported")
     # bidirectional as asked (--bidirectional, `is_causal: false`): an embedder of a family that can be; or
     # as the model's own config has it (Gemma3's use_bidirectional_attention), any head
     asked = bidirectional or getattr(hf_config, "is_causal", True) is False
@@ -306,7 +308,7 @@ def load_model(
     """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
     if spec.implementation == "transformers":
         return load_fallback(spec, device, dtype)
-    lookup(spec.architecture, spec.hf_config.model_type).family.backbone.check_dtype(spec.hf_config, dtype)
+    spec_entry(spec).family.backbone.check_dtype(spec.hf_config, dtype)
     with torch.device("meta"):
         model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill
