@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -443,13 +444,13 @@ def build_llama_embedder(folder: Path) -> nn.Module:
     return save(folder, model, tokenizer)
 
 
-def build_qwen2_cross_encoder(folder: Path) -> nn.Module:
-    """A decoder cross-encoder: Qwen2ForSequenceClassification, the last token through `score`."""
+def build_decoder_cross_encoder(folder: Path, config_name: str, architecture: str, **overrides) -> nn.Module:
+    """A decoder cross-encoder (*ForSequenceClassification): the last token through `score`."""
     import transformers
 
     tokenizer = qwen3_tokenizer(append_endoftext=True)
-    config = decoder_config("Qwen2Config", "Qwen2ForSequenceClassification", tokenizer)
-    return save(folder, randomize(transformers.Qwen2ForSequenceClassification(config), 0.1), tokenizer)
+    config = decoder_config(config_name, architecture, tokenizer, **overrides)
+    return save(folder, randomize(getattr(transformers, architecture)(config), 0.1), tokenizer)
 
 
 # a causal reranker's chat template that lays out a sentence-transformers pair (a "query" and a
@@ -849,9 +850,18 @@ GTE_QWEN2 = Family(
     "tiny-gte-qwen2", "Alibaba-NLP/gte-Qwen2-1.5B-instruct", build_gte_qwen2, last_token_vector
 )
 E5_MISTRAL = Family("tiny-e5-mistral", "intfloat/e5-mistral-7b-instruct", build_e5_mistral, last_token_vector)
-QWEN2_CROSS_ENCODER = Family(
-    "tiny-qwen2-cross-encoder", "a Qwen2ForSequenceClassification reranker", build_qwen2_cross_encoder,
-    classifier_logit,
+QWEN2_CROSS_ENCODER, QWEN3_CROSS_ENCODER, LLAMA_CROSS_ENCODER, MISTRAL_CROSS_ENCODER = (
+    Family(
+        f"tiny-{name}-cross-encoder", f"a {architecture} reranker",
+        partial(build_decoder_cross_encoder, config_name=config_name, architecture=architecture, **overrides),
+        classifier_logit,
+    )
+    for name, config_name, architecture, overrides in [
+        ("qwen2", "Qwen2Config", "Qwen2ForSequenceClassification", {}),
+        ("qwen3", "Qwen3Config", "Qwen3ForSequenceClassification", {}),
+        ("llama", "LlamaConfig", "LlamaForSequenceClassification", dict(attention_bias=True, mlp_bias=True)),
+        ("mistral", "MistralConfig", "MistralForSequenceClassification", {"sliding_window": MAX_POSITIONS}),
+    ]
 )  # fmt: skip
 # sentence-transformers' own CrossEncoder is the reference: it renders the chat template itself
 LOGIT_SCORE_RERANKER = Family(
@@ -911,6 +921,9 @@ CROSS_ENCODERS = [
     GTE_RERANKER_MODERNBERT,
     DISTILBERT_CROSS_ENCODER,
     QWEN2_CROSS_ENCODER,
+    QWEN3_CROSS_ENCODER,
+    LLAMA_CROSS_ENCODER,
+    MISTRAL_CROSS_ENCODER,
     DEBERTA_CROSS_ENCODER,
     GEMMA3_CROSS_ENCODER,
     MPNET_CROSS_ENCODER,
