@@ -84,13 +84,13 @@ class TritonAttention(AttentionBackend):
         block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_seqlen)
         qk_scale = LOG2_E * (1 / math.sqrt(head_dim) if scale is None else scale)
         grid = (triton_cdiv(num_tokens, block_m), num_heads)
-        # without a bias the kernel never reads its table, and q stands in for it
-        table, max_offset = (bias.by_offset, bias.max_offset) if bias is not None else (q, 0)
+        # the table in exp2's units; without a bias the kernel never reads it, and q stands in for it
+        table, max_offset = (bias.by_offset * LOG2_E, bias.max_offset) if bias is not None else (q, 0)
         self._kernel[grid](
             q, k, v, out, meta.segment_ids, meta.cu_seqlens, table,
             num_tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), table.stride(0),
-            num_heads // k.shape[1], head_dim, qk_scale, left, right, max_offset, LOG2_E,
+            num_heads // k.shape[1], head_dim, qk_scale, left, right, max_offset,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
             HAS_BIAS=bias is not None, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
@@ -122,7 +122,7 @@ def _triton_kernel():
     def packed_attention(
         q_ptr, k_ptr, v_ptr, out_ptr, segment_ptr, cu_seqlens_ptr, bias_ptr,
         num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-        stride_bias_head, group_size, head_dim, qk_scale, window_left, window_right, max_offset, bias_scale,
+        stride_bias_head, group_size, head_dim, qk_scale, window_left, window_right, max_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):  # fmt: skip
         first_row = tl.program_id(0) * BLOCK_M
@@ -159,9 +159,9 @@ def _triton_kernel():
                 other=0.0,
             )
             scores = tl.dot(q, tl.trans(k)) * qk_scale
-            if HAS_BIAS:  # the table's column of each key's offset from its query, in exp2's units
+            if HAS_BIAS:  # the table's column of each key's offset from its query
                 offsets = tl.minimum(tl.maximum(keys[None, :] - rows[:, None], -max_offset), max_offset)
-                scores += tl.load(bias_ptr + head * stride_bias_head + offsets + max_offset) * bias_scale
+                scores += tl.load(bias_ptr + head * stride_bias_head + offsets + max_offset)
             allowed = segments[:, None] == key_segments[None, :]
             if window_right >= 0:
                 allowed &= keys[None, :] <= rows[:, None] + window_right
