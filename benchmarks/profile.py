@@ -1,8 +1,9 @@
 """`python -m benchmarks.profile [SHAPE] [BACKEND]`: where an engine step spends its time, on the BERT-base
-shape (the default) at batch 1 x 128 and at a full 16k-token batch, on the Qwen3-0.6B shape at one
-4096-token text, or on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m) at its 100 mixed
-texts in one batch: the host's share (pack, step, wait), a graph replay alone, and every GPU kernel and
-copy of one step (count, summed time)."""
+shape (the default) at batch 1 x 128, at a full 16k-token batch of 50-token texts and at the scoring
+suite's 5 and 50 pairs of 512 tokens, on the Qwen3-0.6B shape at one text of 128 and of 4096 tokens
+and at 50 x 512 (the judge's body), or on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
+at its 100 mixed texts in one batch: the host's share (pack, step, wait), a graph replay alone, and
+every GPU kernel and copy of one step (count, summed time)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ def main(argv: list[str]) -> None:
     layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
     shape = argv[0] if argv else "bert-base"
     backend = argv[1] if len(argv) > 1 else "auto"
-    max_batch_tokens = 16384
+    max_batch_tokens = 32768  # the scoring suite's: 50 pairs of 512 tokens in one graph
     if shape == "qwen3-0.6b":
         checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
-        cases = {"1x4096": random_sequences([4096], 1)}
+        cases = {
+            "1x128": random_sequences([128], 1),
+            "1x4096": random_sequences([4096], 1),
+            "50x512": random_sequences([512] * 50, 3),
+        }
     elif shape in layout_shapes:  # the families suite's shapes, its 100 mixed texts in one batch
         from benchmarks.mixed import MAX_BATCH_TOKENS, mixed_sequences
 
@@ -41,7 +46,12 @@ def main(argv: list[str]) -> None:
         max_batch_tokens = MAX_BATCH_TOKENS
     else:
         checkpoint = save_bert(Path(tempfile.mkdtemp()), shape)
-        cases = {"batch1x128": random_sequences([128], 1), "full-50tok": random_sequences([50] * 327, 2)}
+        cases = {
+            "batch1x128": random_sequences([128], 1),
+            "full-50tok": random_sequences([50] * 327, 2),
+            "5x512": random_sequences([512] * 5, 3),
+            "50x512": random_sequences([512] * 50, 3),
+        }
     config = EngineConfig(
         device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=max_batch_tokens,
         max_queue_tokens=2**21,

@@ -43,11 +43,11 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     model = load_model(spec, device, DTYPES[config.dtype], backend)
     graphs = None
     if config.uses_cuda_graphs and backend.graph_safe:
-        graphs = GraphCache(model, config, device, max_seqlen=spec.max_seq_length)
+        graphs = GraphCache(model, backend, config, device, max_seqlen=spec.max_seq_length)
     logger.info(
         "%s: attention backend %s (%s) on %s, %s, CUDA graphs %s",
         spec.name,
-        backend.name,
+        backend.describe(),
         backend.reason,
         device,
         config.dtype,

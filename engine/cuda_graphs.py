@@ -1,7 +1,8 @@
 """GraphCache: whole-model CUDA graphs per (token bucket, sequence slots, sequence-length bucket),
 captured lazily into one shared memory pool; attention metadata lives in fixed-address buffers so a
-graph replays with new lengths. A batch is padded with zero-length slots and dummy sequences over
-the tail tokens, none longer than the length bucket."""
+graph replays with new lengths, and a backend that plans on the host (flashinfer) is handed each
+replay's lengths first (`AttentionBackend.prepare`). A batch is padded with zero-length slots and dummy
+sequences over the tail tokens, none longer than the length bucket."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionBackend, AttentionMetadata
 from engine.batch import PackedBatch
 from engine.config import (
     LARGE_TOKEN_STEP,
@@ -59,6 +60,12 @@ class _StaticInputs:
             lengths=lengths,
         )
         return cls(ints, ints[4 * num_tokens + num_slots :], cu_seqlens, batch, meta)
+
+
+def host_cu_seqlens(ints: np.ndarray, key: GraphKey) -> torch.Tensor:
+    """The int32 cu_seqlens of a staging layout, copied (the staging buffer is written again)."""
+    num_tokens, num_slots, _ = key
+    return torch.from_numpy(ints[4 * num_tokens + num_slots :]).to(torch.int32)
 
 
 def staging_size(key: GraphKey) -> int:
@@ -107,9 +114,18 @@ class _Graph:
 
 
 class GraphCache:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig, device: torch.device, max_seqlen: int):
-        """`max_seqlen`: the model window, the longest real sequence a batch can hold."""
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        attention: AttentionBackend,
+        config: EngineConfig,
+        device: torch.device,
+        max_seqlen: int,
+    ):
+        """`attention`: the model's backend; `max_seqlen`: the model window, the longest real sequence a
+        batch can hold."""
         self.model = model
+        self.attention = attention
         self.config = config
         self.device = device
         self.largest_seqlen_bucket = max(MIN_SEQLEN_BUCKET, 1 << (max_seqlen - 1).bit_length())
@@ -148,8 +164,10 @@ class GraphCache:
             if self.num_hits[key] < 2:
                 return None
             graph = self.capture(key)
-        graph.staged.synchronize()  # long done in practice: the copy ran before the last replay
-        stage(batch, key, out=graph.staging.numpy())
+        # long done in practice: the copies (inputs and any plan) ran before the last replay
+        graph.staged.synchronize()
+        staged = stage(batch, key, out=graph.staging.numpy())
+        self.attention.prepare(graph.inputs.meta, host_cu_seqlens(staged, key))
         graph.inputs.ints.copy_(graph.staging, non_blocking=True)
         graph.staged.record()
         graph.graph.replay()
@@ -161,8 +179,11 @@ class GraphCache:
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         inputs = _StaticInputs.allocate(key, self.device)
-        # a valid batch in the buffers while capturing: one sequence as long as the key allows
-        inputs.ints.copy_(torch.from_numpy(stage(_placeholder_batch(key), key)))
+        # a valid batch in the buffers while capturing: one sequence as long as the key allows (with
+        # its dummies it covers the whole bucket, as a host plan's first layout must)
+        placeholder = stage(_placeholder_batch(key), key)
+        inputs.ints.copy_(torch.from_numpy(placeholder))
+        self.attention.prepare(inputs.meta, host_cu_seqlens(placeholder, key))
 
         def forward() -> torch.Tensor:
             inputs.cu_seqlens.copy_(inputs.cu_seqlens_int64)

@@ -20,7 +20,8 @@ class AttentionBackend:
     `forward`."""
 
     name: str
-    graph_safe: bool = False  # reads only device tensors and an upper-bound max_seqlen: graph-capturable
+    # graph-capturable: reads device tensors and an upper-bound max_seqlen, and whatever `prepare` planned
+    graph_safe: bool = False
     adds_position_bias: bool = False  # adds a PositionBias to the scores (MPNet's relative positions)
     head_dims: frozenset[int] | None = None  # None: any
     dtypes: frozenset[torch.dtype] | None = None  # None: any
@@ -52,6 +53,15 @@ class AttentionBackend:
             raise AttentionBackendUnavailable(
                 f"{self.name} supports {names}, not {str(dtype).removeprefix('torch.')}"
             )
+
+    def describe(self) -> str:
+        """The backend as the start-up log names it."""
+        return self.name
+
+    def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
+        """Before a CUDA graph captured on `meta` runs (its warm-up, its capture, each replay): the
+        lengths it will run, `cu_seqlens` on the host (int32, the graph's slots). A backend that reads
+        only the device tensors needs nothing; one that plans on the host (flashinfer) plans here."""
 
     def forward(
         self,

@@ -1,5 +1,15 @@
-"""The flashinfer backend: FlashInfer's ragged prefill (FA3 or FA2 inside). Its plan() runs on the host
-with the batch's lengths, once per batch and mask, and is shared by every layer; not CUDA-graph safe."""
+"""The flashinfer backend: FlashInfer's ragged prefill (FA3 on Hopper, FA2 elsewhere), grouped-query heads
+read in place. Its plan() runs on the host with the batch's lengths, once per batch and mask, and every
+layer shares it.
+
+CUDA graphs: a graph's batches get wrappers of their own in FlashInfer's graph mode, planned by `prepare`
+before each replay. Graph mode fixes the schedule's sizes (and FA3's grid, one program per SM) at the
+first plan, so the first plan must cover the whole token bucket: the graph cache's placeholder batch,
+with its dummy sequences over the tail, does. Later plans write a new schedule into the same buffers.
+Measured on the H200 (bf16, per layer): Qwen3-0.6B's heads (16/8, head dim 128) on one causal text of
+4096 tokens 142 us against FlashAttention 2's 359 (its key/value heads repeated first), 50 x 512 174
+against 578; BERT-base's (12, head dim 64) 50 x 512 126 against 163. A plan costs the host 0.06 to 1 ms
+(about 0.2 us per (tile, head) of the schedule), so a graph re-plans only when its lengths change."""
 
 from __future__ import annotations
 
@@ -40,6 +50,16 @@ class PlanKey:
 
 
 @dataclass(slots=True)
+class _GraphPlans:
+    """The wrappers of one CUDA graph's batches, by mask, and the lengths they were last planned for."""
+
+    meta: AttentionMetadata  # the graph's, held so that its id is never reused
+    indptr: torch.Tensor  # host int32 [num_slots + 1]: the lengths of the next run
+    wrappers: dict[PlanKey, Any]
+    planned: dict[PlanKey, torch.Tensor]  # the indptr each wrapper's schedule holds
+
+
+@dataclass(slots=True)
 class _Slot:
     wrapper: Any  # flashinfer.BatchPrefillWithRaggedKVCacheWrapper
     copied: torch.cuda.Event | None  # recorded after plan() queued its copy of the schedule; None on CPU
@@ -58,13 +78,19 @@ def mask_arguments(causal: bool, window: Window | None) -> tuple[bool, int]:
     return True, left
 
 
+def schedule_bytes(num_tokens: int, num_slots: int, num_heads: int) -> int:
+    """A bound on a graph-mode plan's schedule: FA3 keeps 7 int32 arrays of (query tiles of at least 128
+    rows + slots) x heads entries; twice that, and 1 MiB for FA2's split-KV bookkeeping."""
+    return 2 * 7 * 4 * (-(-num_tokens // 128) + num_slots) * num_heads + 2**20
+
+
 def host_indptr(seqlens: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(seqlens)], dtype=torch.int32)
 
 
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
-    graph_safe = False  # plan() reads the lengths on the host each batch
+    graph_safe = True  # in graph mode, planned by `prepare` before each replay
     head_dims = frozenset({64, 128, 256})
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
@@ -88,6 +114,7 @@ class FlashInferAttention(AttentionBackend):
         self._indptr = host_indptr(())
         self._num_tokens = 0
         self._planned: dict[PlanKey, Any] = {}
+        self._graphs: dict[int, _GraphPlans] = {}  # by id(meta) of each CUDA graph's metadata
 
     def check(
         self,
@@ -117,7 +144,45 @@ class FlashInferAttention(AttentionBackend):
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         causal, window_left = mask_arguments(causal, window)
         key = PlanKey(q.shape[1], k.shape[1], q.shape[2], q.dtype, causal, window_left, scale)
+        graph = self._graphs.get(id(meta))
+        if graph is not None and graph.meta is meta:
+            return self._graph_wrapper(graph, key, q.shape[0]).run(q, k, v)
         return self._wrapper(meta, key, q.shape[0]).run(q, k, v)
+
+    def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
+        # cu_seqlens: a host tensor the caller never writes again (a later call may compare with it)
+        graph = self._graphs.get(id(meta))
+        if graph is None or graph.meta is not meta:
+            graph = self._graphs[id(meta)] = _GraphPlans(meta, cu_seqlens, {}, {})
+        graph.indptr = cu_seqlens
+        for key, wrapper in graph.wrappers.items():
+            # the same lengths as the schedule in the wrapper's device buffers: nothing to redo
+            if not torch.equal(graph.planned[key], cu_seqlens):
+                self._plan(wrapper, key, cu_seqlens)
+                graph.planned[key] = cu_seqlens
+
+    def _graph_wrapper(self, graph: _GraphPlans, key: PlanKey, num_tokens: int) -> Any:
+        wrapper = graph.wrappers.get(key)
+        if wrapper is not None:
+            return wrapper
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("flashinfer: a graph's wrappers are planned in its warm-up, before capture")
+        num_slots = graph.indptr.shape[0] - 1
+        buffers = [torch.zeros(num_slots + 1, dtype=torch.int32, device=self.device) for _ in range(2)]
+        wrapper = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self._workspace, kv_layout="NHD", backend=self.kernel, use_cuda_graph=True,
+            qo_indptr_buf=buffers[0], kv_indptr_buf=buffers[1],
+        )  # fmt: skip
+        # the schedule's buffer, sized for this graph (FlashInfer's default is 8 MiB, pinned twice)
+        size = schedule_bytes(num_tokens, num_slots, key.num_heads)
+        schedule = torch.empty(size, dtype=torch.uint8, device=self.device)
+        wrapper.reset_workspace_buffer(self._workspace, schedule)
+        # the first plan fixes the schedule's sizes: it must cover the graph's whole token bucket
+        if int(graph.indptr[-1]) != num_tokens:
+            raise ValueError(f"a graph's first plan covers {int(graph.indptr[-1])} of {num_tokens} tokens")
+        self._plan(wrapper, key, graph.indptr)
+        graph.wrappers[key], graph.planned[key] = wrapper, graph.indptr
+        return wrapper
 
     def _wrapper(self, meta: AttentionMetadata, key: PlanKey, num_tokens: int) -> Any:
         if meta is not self._batch or meta.seqlens is not self._seqlens:

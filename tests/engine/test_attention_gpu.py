@@ -1,7 +1,8 @@
 """Every CUDA attention backend against the torch reference, run in fp32 on the same bf16 inputs, over
 ragged batches of 1 to 2048 tokens: per-sequence relative error (norm of the difference / norm of the
 reference) <= 1e-2, no NaN or inf, no row left unwritten. The graph-safe backends also with max_seqlen as
-an upper bound, with zero-length sequences in cu_seqlens, and replayed from a CUDA graph."""
+an upper bound, with zero-length sequences in cu_seqlens, and replayed from a CUDA graph (handed each
+run's host lengths first, `prepare`, as the graph cache does)."""
 
 import os
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 # "triton-packed": the triton backend with its packed kernel on every batch, long sequences included
 CUDA_BACKENDS = ["torch-varlen", "flashinfer", "flash-attn", "triton", "triton-packed"]
-GRAPH_SAFE = ["torch-varlen", "flash-attn", "triton", "triton-packed"]
+GRAPH_SAFE = ["torch-varlen", "flashinfer", "flash-attn", "triton", "triton-packed"]
 TOLERANCE = 1e-2
 DTYPE = torch.bfloat16
 HEADS = [(8, 8), (8, 2)]  # (query heads, key/value heads): plain and grouped-query attention
@@ -81,14 +82,15 @@ def segments_of(cu_seqlens):
     return torch.repeat_interleave(slots, cu_seqlens.diff()).to("cuda")
 
 
-def device_meta(cu_seqlens, max_seqlen, num_tokens):
+def device_meta(cu_seqlens, max_seqlen, num_tokens, backend):
     """Metadata as a CUDA graph holds it: cu_seqlens and segment ids on the device, max_seqlen an upper
-    bound, no host lengths (a backend that read them would see only zeros)."""
+    bound, no host lengths (a backend that read them would see only zeros); `backend` is handed the
+    lengths through `prepare`, as before a graph runs."""
     cu_seqlens = cu_seqlens.to("cuda")  # the same tensor when it is there already
     num_slots = cu_seqlens.shape[0] - 1
     segment_ids = segments_of(cu_seqlens)
     assert segment_ids.shape[0] == num_tokens
-    return AttentionMetadata(
+    meta = AttentionMetadata(
         cu_seqlens=cu_seqlens,
         max_seqlen=max_seqlen,
         seqlens=(0,) * num_slots,
@@ -96,6 +98,8 @@ def device_meta(cu_seqlens, max_seqlen, num_tokens):
         segment_ids=segment_ids,
         lengths=torch.zeros(num_slots, dtype=torch.int64, device="cuda"),
     )
+    backend.prepare(meta, cu_seqlens.cpu())
+    return meta
 
 
 def random_qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed=0):
@@ -198,12 +202,12 @@ def test_upper_bound_and_zero_length_sequences(name, causal):
     exact = run(backend, q, k, v, exact_meta(lengths), causal)
     assert_matches(exact, reference(q, k, v, lengths, causal), lengths)
 
-    bounded = run(backend, q, k, v, device_meta(cumulative(lengths), 4096, num_tokens), causal)
+    bounded = run(backend, q, k, v, device_meta(cumulative(lengths), 4096, num_tokens, backend), causal)
     assert_matches(bounded, exact.float(), lengths)
 
     # zero-length slots (equal consecutive cu_seqlens) first, in the middle, twice, and last
     padded = [0, *lengths[:3], 0, 0, *lengths[3:], 0]
-    out = run(backend, q, k, v, device_meta(cumulative(padded), 4096, num_tokens), causal)
+    out = run(backend, q, k, v, device_meta(cumulative(padded), 4096, num_tokens, backend), causal)
     assert_matches(out, exact.float(), lengths)
 
 
@@ -215,7 +219,7 @@ def test_one_token_sequences_between_zero_length_slots(name):
     lengths = [1] * 5
     q, k, v = random_qkv(5, 8, 2, 64, seed=6)
     padded = [1, 0, 1, 1, 0, 0, 1, 1, 0]
-    out = run(backend, q, k, v, device_meta(cumulative(padded), 1, 5))
+    out = run(backend, q, k, v, device_meta(cumulative(padded), 1, 5, backend))
     assert_matches(out, reference(q, k, v, lengths), lengths)
 
 
@@ -232,7 +236,7 @@ def test_graph_replay_with_new_lengths_matches_eager(name, causal):
     q, k, v = random_qkv(num_tokens, 8, 2, 64, seed=7)
     cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device="cuda")
     cu_seqlens.copy_(cumulative(splits[0] + [0] * (num_slots - len(splits[0]))))
-    meta = device_meta(cu_seqlens, max_seqlen, num_tokens)  # the graph reads these buffers
+    meta = device_meta(cu_seqlens, max_seqlen, num_tokens, backend)  # the graph reads these buffers
 
     # capture: a warm-up outside the graph first (kernels load or compile once)
     side = torch.cuda.Stream()
@@ -244,14 +248,16 @@ def test_graph_replay_with_new_lengths_matches_eager(name, causal):
     with torch.cuda.graph(graph):
         static_out = varlen_attention(q, k, v, meta, backend=backend, causal=causal)
 
-    # replay: new inputs and new lengths of the same total, in the same buffers
-    for seed, slot_lengths in enumerate(splits):
+    # replay: new inputs and new lengths of the same total, in the same buffers; the last lengths twice
+    # (a backend may keep its plan for lengths it has planned already)
+    for seed, slot_lengths in enumerate([*splits, splits[-1]]):
         slot_lengths = slot_lengths + [0] * (num_slots - len(slot_lengths))
         lengths = [length for length in slot_lengths if length]
         for buffer, fresh in zip((q, k, v), random_qkv(num_tokens, 8, 2, 64, seed=10 + seed)):
             buffer.copy_(fresh)
         cu_seqlens.copy_(cumulative(slot_lengths))
         meta.segment_ids.copy_(segments_of(cu_seqlens))
+        backend.prepare(meta, cumulative(slot_lengths))
         graph.replay()
         eager = run(backend, q, k, v, exact_meta(lengths), causal)
         assert_matches(static_out, eager.float(), lengths)
@@ -297,7 +303,13 @@ def test_triton_runs_short_batches_itself_and_hands_longer_ones_on():
 
     backend = backend_for("triton", 8, 2, 64)
     long_sequences = backend.long_sequences
-    assert long_sequences is not None and long_sequences.name == "torch-varlen"
+    assert long_sequences is not None
+    try:  # FA3 (flashinfer) where it loads, FlashAttention 2 (torch-varlen) otherwise
+        select_backend("flashinfer", "cuda", num_heads=8, num_kv_heads=2, head_dim=64, dtype=DTYPE)
+    except AttentionBackendUnavailable:
+        assert long_sequences.name == "torch-varlen"
+    else:
+        assert long_sequences.name == "flashinfer"
     calls = []
 
     class Spy:

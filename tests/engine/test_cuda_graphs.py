@@ -67,14 +67,26 @@ def test_stage_without_padding_has_no_dummy():
     assert ints[16:].tolist() == [4, 0, 4]  # slot length, cu_seqlens
 
 
-def gpu_model(tmp_path, dtype):
+# head dim 64, which every CUDA backend runs (flashinfer's prebuilt kernels are for 64 and 128)
+GRAPH_SHAPE = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512}
+# flashinfer plans on the host before each replay (prepare); triton hands sequences over 128 tokens on
+GRAPH_BACKENDS = ["torch-varlen", "flashinfer", "triton"]
+
+
+def gpu_model(tmp_path, dtype, backend_name="torch-varlen"):
+    """(model, its attention backend, spec); skips where the backend cannot run here."""
     from engine.attention import select_backend
+    from engine.errors import AttentionBackendUnavailable
     from engine.loader import load_model, resolve_model
     from tests.engine.test_gpu import save_random_bert
 
-    save_random_bert(tmp_path)
+    save_random_bert(tmp_path, shape=GRAPH_SHAPE)
     spec = resolve_model(str(tmp_path))
-    return load_model(spec, "cuda", dtype, select_backend("torch-varlen", "cuda")), spec
+    try:
+        backend = select_backend(backend_name, "cuda", num_heads=4, num_kv_heads=4, head_dim=64, dtype=dtype)
+    except AttentionBackendUnavailable as error:
+        pytest.skip(str(error))
+    return load_model(spec, "cuda", dtype, backend), backend, spec
 
 
 def random_batch(lengths, seed):
@@ -83,13 +95,14 @@ def random_batch(lengths, seed):
 
 
 @pytest.mark.gpu
-def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path):
+@pytest.mark.parametrize("backend_name", GRAPH_BACKENDS)
+def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path, backend_name):
     from engine.attention import AttentionMetadata
     from engine.cuda_graphs import GraphCache
 
-    model, spec = gpu_model(tmp_path, torch.bfloat16)
+    model, backend, spec = gpu_model(tmp_path, torch.bfloat16, backend_name)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096)
-    graphs = GraphCache(model, config, torch.device("cuda"), max_seqlen=512)
+    graphs = GraphCache(model, backend, config, torch.device("cuda"), max_seqlen=512)
 
     def eager(batch):
         meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen).to("cuda")
@@ -132,15 +145,22 @@ def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path):
 
 
 @pytest.mark.gpu
-def test_lazy_tensors_resolve_with_many_batches_in_flight(tmp_path):
+@pytest.mark.parametrize("backend_name", GRAPH_BACKENDS)
+def test_lazy_tensors_resolve_with_many_batches_in_flight(tmp_path, backend_name):
+    """The host runs many batches ahead of the GPU, each with new lengths (over 128 tokens in one of two,
+    so that flashinfer plans inside triton's graphs too): no batch's plan or inputs are read by another."""
     from engine.cuda_graphs import GraphCache
     from engine.runner import ModelRunner
 
-    model, _ = gpu_model(tmp_path, torch.bfloat16)
+    model, backend, _ = gpu_model(tmp_path, torch.bfloat16, backend_name)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=4096)
-    runner = ModelRunner(model, torch.device("cuda"), GraphCache(model, config, torch.device("cuda"), 512))
-    batches = [random_batch([8 + i % 5, 20 + i % 3], i) for i in range(64)]
-    pending = [runner.step(batch) for batch in batches]  # no result() between steps
+    graphs = GraphCache(model, backend, config, torch.device("cuda"), 512)
+    runner = ModelRunner(model, torch.device("cuda"), graphs)
+    batches = [random_batch([8 + i % 5, 20 + i % 3, 150 * (i % 2) + 1 + i % 7], i) for i in range(64)]
+    pending = []
+    for batch in batches:  # no result() between steps, the GPU held back so that the host runs ahead
+        torch.cuda._sleep(2_000_000)
+        pending.append(runner.step(batch))
     results = [lazy.result() for lazy in pending]
     expected = [runner.step(batch).result() for batch in batches]
     for got, want in zip(results, expected):

@@ -229,7 +229,7 @@ def test_sliding_window_through_the_interpreted_triton_kernel(tmp_path):
     from engine.attention import triton_backend
 
     reference = save_random_model(tmp_path, tiny_config("ModernBertModel"))
-    backend = triton_backend.TritonAttention(triton_backend._triton_kernel(), long_sequences=None)
+    backend = triton_backend.TritonAttention(triton_backend._triton_kernel(), long_sequences=())
     _, model = load(tmp_path, backend)
     sequences = random_sequences()
     ours = embed(model, sequences)

@@ -77,7 +77,7 @@ def test_segment_mean_with_empty_slots(interpreted):
 
 
 def packed_attention():
-    return attention_module.TritonAttention(attention_module._triton_kernel(), long_sequences=None)
+    return attention_module.TritonAttention(attention_module._triton_kernel(), long_sequences=())
 
 
 def random_qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed):
