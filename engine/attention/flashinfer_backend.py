@@ -165,7 +165,7 @@ class FlashInferAttention(AttentionBackend):
         wrapper = graph.wrappers.get(key)
         if wrapper is not None:
             return wrapper
-        if torch.cuda.is_current_stream_capturing():
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("flashinfer: a graph's wrappers are planned in its warm-up, before capture")
         num_slots = graph.indptr.shape[0] - 1
         buffers = [torch.zeros(num_slots + 1, dtype=torch.int32, device=self.device) for _ in range(2)]

@@ -1,6 +1,6 @@
 """The triton backend: posy's own packed attention kernel for batches of short sequences, CUDA only
 and CUDA-graph safe; batches with a longer sequence go to the first of flashinfer (FA3 on Hopper, in
-graph mode inside CUDA graphs) and torch-varlen (FlashAttention 2) that runs and fits the model.
+graph mode inside CUDA graphs), flash-attn (FA4) and torch-varlen (FA2) that runs and fits the model.
 
 FlashAttention's varlen kernels give every (sequence, head) its own 128-row tiles, so a 50-token
 sequence fills 39% of its query tile and of its key tile and a batch of short texts runs at a fraction
@@ -26,6 +26,7 @@ import math
 import torch
 
 from engine.attention.base import AttentionBackend, Window
+from engine.attention.flash_attn_backend import flash_attn_backend
 from engine.attention.flashinfer_backend import flashinfer_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.position_bias import PositionBias
@@ -220,7 +221,7 @@ def triton_backend(device: torch.device) -> TritonAttention:
     except ImportError as error:
         raise AttentionBackendUnavailable(f"triton cannot be imported: {error}") from error
     long_sequences = []
-    for factory in (flashinfer_backend, torch_varlen_backend):
+    for factory in (flashinfer_backend, flash_attn_backend, torch_varlen_backend):
         try:
             long_sequences.append(factory(device))
         except AttentionBackendUnavailable:

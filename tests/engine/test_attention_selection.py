@@ -61,7 +61,7 @@ def test_every_auto_row_ends_with_the_reference():
     for order in AUTO_ORDER.values():
         assert order[-1] == "torch"
         assert set(order) <= set(BACKENDS)
-    assert AUTO_ORDER["cuda", True][:3] == ("flash-attn", "triton", "torch-varlen")
+    assert AUTO_ORDER["cuda", True][:4] == ("triton", "flash-attn", "flashinfer", "torch-varlen")
     assert AUTO_ORDER["cuda", False][0] == "flashinfer"
 
 
@@ -80,7 +80,7 @@ def fake_cuda_backends(monkeypatch):
         "flash-attn": (True, frozenset(range(8, 257, 8))),
         "torch-varlen": (True, frozenset(range(8, 257, 8))),
         "triton": (True, frozenset(range(16, 257, 16))),
-        "flashinfer": (False, frozenset({64, 128, 256})),
+        "flashinfer": (True, frozenset({64, 128, 256})),
     }
     for name, (graph_safe, head_dims) in specs.items():
 
@@ -100,24 +100,24 @@ def auto(graphs, head_dim=64, dtype=torch.bfloat16):
 
 
 def test_auto_with_graphs_takes_the_first_graph_safe_backend(fake_cuda_backends):
-    assert auto(graphs=True).name == "flash-attn"
-    fake_cuda_backends.add("flash-attn")
-    backend = auto(graphs=True)
-    assert backend.name == "triton"
-    assert "graph-safe backends first" in backend.reason
-    assert "passed over flash-attn (not installed)" in backend.reason
-    assert auto(graphs=True, head_dim=8).name == "torch-varlen"  # triton's head dims start at 16
+    assert auto(graphs=True).name == "triton"
     fake_cuda_backends.add("triton")
+    backend = auto(graphs=True)
+    assert backend.name == "flash-attn"
+    assert "graph-safe backends, fastest first" in backend.reason
+    assert "passed over triton (not installed)" in backend.reason
+    fake_cuda_backends.add("flash-attn")
+    assert auto(graphs=True).name == "flashinfer"
+    assert auto(graphs=True, head_dim=8).name == "torch-varlen"  # flashinfer's head dims are 64/128/256
+    fake_cuda_backends.add("flashinfer")
     assert auto(graphs=True).name == "torch-varlen"
 
 
 def test_auto_with_graphs_falls_back_to_eager_backends(fake_cuda_backends):
-    fake_cuda_backends.update({"flash-attn", "triton", "torch-varlen"})
+    fake_cuda_backends.update({"flash-attn", "triton", "torch-varlen", "flashinfer"})
     backend = auto(graphs=True)
-    assert backend.name == "flashinfer"
+    assert backend.name == "torch"
     assert backend.reason.endswith("not graph-safe, so CUDA graphs stay off")
-    fake_cuda_backends.add("flashinfer")
-    assert auto(graphs=True).name == "torch"
 
 
 def test_auto_without_graphs_prefers_flashinfer_where_the_head_dim_fits(fake_cuda_backends):
@@ -136,7 +136,8 @@ def test_auto_without_graphs_prefers_flashinfer_where_the_head_dim_fits(fake_cud
 def test_explicit_choice_that_does_not_fit(fake_cuda_backends):
     with pytest.raises(AttentionBackendUnavailable, match="'flashinfer' cannot run on cuda: .* not 32"):
         select_backend("flashinfer", "cuda", head_dim=32)
-    backend = select_backend("flashinfer", "cuda", head_dim=128, graphs=True)
+    assert select_backend("flashinfer", "cuda", head_dim=128, graphs=True).reason == "asked for"
+    backend = select_backend("torch", "cuda", head_dim=128, graphs=True)
     assert backend.reason == "asked for; not graph-safe, so CUDA graphs stay off"
     assert select_backend("torch-varlen", "cuda", head_dim=128, graphs=True).reason == "asked for"
 
@@ -153,9 +154,17 @@ def test_auto_without_the_shape_keeps_to_the_reference(fake_cuda_backends):
 class FakeRaggedWrapper:
     """flashinfer.BatchPrefillWithRaggedKVCacheWrapper's plan/run, answered by the torch reference."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", backend="auto"):
+    def __init__(
+        self, float_workspace_buffer, kv_layout="NHD", backend="auto", use_cuda_graph=False, **buffers
+    ):
         assert kv_layout == "NHD"
+        assert set(buffers) == ({"qo_indptr_buf", "kv_indptr_buf"} if use_cuda_graph else set())
         self.plans = []
+        self.use_cuda_graph = use_cuda_graph
+        self.schedule_bytes = None
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        self.schedule_bytes = int_workspace_buffer.numel()
 
     def plan(
         self,
@@ -257,6 +266,44 @@ def test_flashinfer_refuses_a_batch_without_host_lengths(flashinfer_cpu):
         lengths=meta.lengths,
     )
     with pytest.raises(ValueError, match="host lengths"):
+        varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu)
+
+
+def graph_meta_of(meta):
+    """`meta` as a CUDA graph holds it: no host lengths."""
+    slots = meta.cu_seqlens.shape[0] - 1
+    return AttentionMetadata(meta.cu_seqlens, 16, (0,) * slots, (), meta.segment_ids, meta.lengths)
+
+
+def test_flashinfer_plans_a_graphs_batches_in_prepare(flashinfer_cpu):
+    """A graph's metadata gets a graph-mode wrapper, planned first for the lengths `prepare` gave (the
+    whole bucket) and again only when a later `prepare` brings other lengths; layers share it."""
+    q, k, v, meta = batch(num_heads=8, num_kv_heads=2)  # lengths 3, 5, 1, 7
+    graph_meta = graph_meta_of(meta)
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 16], dtype=torch.int32))
+    for _ in range(2):  # two layers (the warm-up of a capture)
+        out = varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu, causal=True)
+    torch.testing.assert_close(out, reference(q, k, v, meta.cu_seqlens, True, None), atol=1e-5, rtol=1e-5)
+    (wrapper,) = flashinfer_cpu._graphs[id(graph_meta)].wrappers.values()
+    assert wrapper.use_cuda_graph and 0 < wrapper.schedule_bytes < 8 * 2**20
+    assert [plan[0] for plan in wrapper.plans] == [[0, 3, 8, 9, 16]]
+
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 16], dtype=torch.int32))  # the same
+    new_lengths = torch.tensor([0, 10, 10, 12, 16], dtype=torch.int32)  # a zero-length slot among them
+    flashinfer_cpu.prepare(graph_meta, new_lengths)
+    out = varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu, causal=True)
+    torch.testing.assert_close(out, reference(q, k, v, new_lengths, True, None), atol=1e-5, rtol=1e-5)
+    assert [plan[0] for plan in wrapper.plans] == [[0, 3, 8, 9, 16], [0, 10, 10, 12, 16]]
+    # a batch of other metadata still plans from its own host lengths
+    eager = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True)
+    torch.testing.assert_close(eager, reference(q, k, v, meta.cu_seqlens, True, None), atol=1e-5, rtol=1e-5)
+
+
+def test_flashinfer_graph_plans_must_first_cover_the_bucket(flashinfer_cpu):
+    q, k, v, meta = batch()
+    graph_meta = graph_meta_of(meta)
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 9], dtype=torch.int32))  # 9 of 16
+    with pytest.raises(ValueError, match="covers 9 of 16 tokens"):
         varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu)
 
 
