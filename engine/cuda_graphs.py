@@ -63,9 +63,10 @@ class _StaticInputs:
 
 
 def host_cu_seqlens(ints: np.ndarray, key: GraphKey) -> torch.Tensor:
-    """The int32 cu_seqlens of a staging layout, copied (the staging buffer is written again)."""
+    """The int64 cu_seqlens of a staging layout, a view: valid until the staging buffer is written
+    again (a backend that keeps it copies it)."""
     num_tokens, num_slots, _ = key
-    return torch.from_numpy(ints[4 * num_tokens + num_slots :]).to(torch.int32)
+    return torch.from_numpy(ints[4 * num_tokens + num_slots :])
 
 
 def staging_size(key: GraphKey) -> int:
@@ -108,7 +109,7 @@ def stage(batch: PackedBatch, key: GraphKey, out: np.ndarray | None = None) -> n
 class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: _StaticInputs
-    output: torch.Tensor  # [num_slots, out_dim], in the shared pool: read before the next replay
+    output: torch.Tensor  # [num_slots, out_dim] float32, in the shared pool: read before the next replay
     staging: torch.Tensor  # pinned host twin of inputs.ints
     staged: torch.cuda.Event  # the last copy out of `staging`: wait for it before writing again
 
@@ -187,7 +188,7 @@ class GraphCache:
 
         def forward() -> torch.Tensor:
             inputs.cu_seqlens.copy_(inputs.cu_seqlens_int64)
-            return self.model(inputs.batch, inputs.meta)
+            return self.model(inputs.batch, inputs.meta).float()  # the rows the host reads
 
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))

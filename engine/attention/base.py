@@ -60,8 +60,9 @@ class AttentionBackend:
 
     def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
         """Before a CUDA graph captured on `meta` runs (its warm-up, its capture, each replay): the
-        lengths it will run, `cu_seqlens` on the host (int32, the graph's slots). A backend that reads
-        only the device tensors needs nothing; one that plans on the host (flashinfer) plans here."""
+        lengths it will run, `cu_seqlens` on the host (the graph's slots; a view of a buffer that is
+        written again, so a backend that keeps it copies it). A backend that reads only the device
+        tensors needs nothing; one that plans on the host (flashinfer) plans here."""
 
     def forward(
         self,

@@ -150,7 +150,7 @@ class FlashInferAttention(AttentionBackend):
         return self._wrapper(meta, key, q.shape[0]).run(q, k, v)
 
     def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
-        # cu_seqlens: a host tensor the caller never writes again (a later call may compare with it)
+        cu_seqlens = cu_seqlens.to(torch.int32, copy=True)  # kept: a later call compares with it
         graph = self._graphs.get(id(meta))
         if graph is None or graph.meta is not meta:
             graph = self._graphs[id(meta)] = _GraphPlans(meta, cu_seqlens, {}, {})

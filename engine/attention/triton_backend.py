@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -44,11 +45,16 @@ class TritonAttention(AttentionBackend):
     head_dims = frozenset(range(16, 257, 16))
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
-    def __init__(self, kernel, long_sequences: tuple[AttentionBackend, ...] = ()) -> None:
+    def __init__(self, kernel, long_sequences: tuple[Callable[[], AttentionBackend], ...] = ()) -> None:
+        """`long_sequences`: factories of the backends for long batches, in order of preference; `check`
+        builds them in turn (one raises AttentionBackendUnavailable where it cannot load) and keeps the
+        first that fits, so a later one is never built where an earlier one fits (importing flash-attn-4
+        alone takes 10 s, flashinfer takes a 128 MiB workspace)."""
         self._kernel = kernel
-        self._candidates = long_sequences  # in order of preference; `check` keeps the first that fits
+        self._factories = long_sequences
+        self._built: dict[int, AttentionBackend | None] = {}  # by factory index; None: unavailable
         # runs batches with a sequence over SHORT_SEQLEN; None: this kernel runs every batch
-        self.long_sequences: AttentionBackend | None = long_sequences[0] if long_sequences else None
+        self.long_sequences: AttentionBackend | None = None
 
     def check(
         self,
@@ -61,7 +67,15 @@ class TritonAttention(AttentionBackend):
     ) -> None:
         super().check(num_heads, num_kv_heads, head_dim, dtype, window, position_bias)
         self.long_sequences = None  # unless a candidate fits, this kernel runs every batch of the model
-        for candidate in self._candidates:
+        for index, factory in enumerate(self._factories):
+            if index not in self._built:
+                try:
+                    self._built[index] = factory()
+                except AttentionBackendUnavailable:
+                    self._built[index] = None
+            candidate = self._built[index]
+            if candidate is None:
+                continue
             try:
                 candidate.check(num_heads, num_kv_heads, head_dim, dtype, window, position_bias)
             except AttentionBackendUnavailable:
@@ -220,10 +234,5 @@ def triton_backend(device: torch.device) -> TritonAttention:
         kernel = _triton_kernel()
     except ImportError as error:
         raise AttentionBackendUnavailable(f"triton cannot be imported: {error}") from error
-    long_sequences = []
-    for factory in (flashinfer_backend, flash_attn_backend, torch_varlen_backend):
-        try:
-            long_sequences.append(factory(device))
-        except AttentionBackendUnavailable:
-            continue
-    return TritonAttention(kernel, tuple(long_sequences))
+    factories = (flashinfer_backend, flash_attn_backend, torch_varlen_backend)
+    return TritonAttention(kernel, tuple(functools.partial(factory, device) for factory in factories))

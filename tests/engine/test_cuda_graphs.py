@@ -148,7 +148,8 @@ def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path, b
 @pytest.mark.parametrize("backend_name", GRAPH_BACKENDS)
 def test_lazy_tensors_resolve_with_many_batches_in_flight(tmp_path, backend_name):
     """The host runs many batches ahead of the GPU, each with new lengths (over 128 tokens in one of two,
-    so that flashinfer plans inside triton's graphs too): no batch's plan or inputs are read by another."""
+    so that flashinfer plans inside triton's graphs too): no batch's plan or inputs are read by another,
+    and rows already read stay as they were while later steps reuse their pinned host buffers."""
     from engine.cuda_graphs import GraphCache
     from engine.runner import ModelRunner
 

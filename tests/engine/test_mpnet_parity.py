@@ -151,7 +151,7 @@ def test_only_backends_that_add_the_bias_run_it():
     with pytest.raises(AttentionBackendUnavailable, match="torch-varlen cannot add a relative position bias"):
         TorchVarlenAttention().check(position_bias=True)
     # the packed kernel then runs the long sequences too, which it would hand to FlashAttention
-    triton = TritonAttention(kernel=None, long_sequences=(TorchVarlenAttention(),))
+    triton = TritonAttention(kernel=None, long_sequences=(TorchVarlenAttention,))
     triton.check(num_heads=12, num_kv_heads=12, head_dim=64, dtype=torch.bfloat16, position_bias=True)
     assert triton.long_sequences is None
 
