@@ -1,4 +1,4 @@
-"""`python -m benchmarks.variants [attention] [host]` (CUDA): the variants behind the engine's choices,
+"""`python -m benchmarks.variants [attention] [host] [fill]` (CUDA): the variants behind the engine's choices,
 side by side in one device call; printed, not recorded.
 
 attention: microseconds a layer (CUDA-graph replays, median) of each attention backend that loads here:
@@ -7,7 +7,9 @@ as the engine's graphs run it) and FA4 (flash-attn), on BERT-base's and Qwen3-0.
 lengths of the kernel issue's cases; each output against FlashAttention 2's (relative error), and
 flashinfer's host time to plan and launch a new batch.
 host: where ModelRunner.step's host time goes on a graph replay (pack, stage, prepare, input copy,
-replay launch, LazyTensor set-up, then the wait), BERT-base and Qwen3-0.6B shapes."""
+replay launch, LazyTensor set-up, then the wait; and the side-stream set-up LazyTensor had before
+HostBuffers), BERT-base and Qwen3-0.6B shapes.
+fill: rerank latency with and without the scheduler's pipeline fill."""
 
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ def host() -> None:
     from engine.lazy import LazyTensor
     from engine.loader import resolve_model
 
-    labels = ("pack", "key", "stage", "prepare", "copy", "replay", "lazy", "wait")
+    labels = ("pack", "key", "stage", "prepare", "copy", "replay", "lazy", "wait", "side-stream lazy")
+    copy_stream = torch.cuda.Stream()
     for shape, cases in HOST_CASES.items():
         save = save_bert if shape == "bert-base" else save_qwen3
         checkpoint = save(Path(tempfile.mkdtemp()), shape)
@@ -136,9 +139,11 @@ def host() -> None:
                         times.append(time.perf_counter())
                         graph.graph.replay()
                         times.append(time.perf_counter())
-                        rows = LazyTensor(graph.output[: batch.num_seqs].float(), runner.copy_stream)
+                        rows = LazyTensor(graph.output[: batch.num_seqs], runner.host_buffers)
                         times.append(time.perf_counter())
                         rows.result()
+                        times.append(time.perf_counter())
+                        side_stream_copy(graph.output[: batch.num_seqs], copy_stream)
                         times.append(time.perf_counter())
                         samples.append(np.diff(times))
                     medians = (1000 * statistics.median(column) for column in zip(*samples))
@@ -148,9 +153,71 @@ def host() -> None:
             engine.stop()
 
 
+def fill() -> None:
+    """A rerank request's p50 with the pipeline fill (an idle device's first batch takes half the queue)
+    and without it, BERT-base cross-encoder and Qwen3-Reranker shapes, 25 and 50 x 512, one engine each."""
+    import asyncio
+    import dataclasses
+    import random
+
+    import torch
+
+    from benchmarks.checkpoints import save_bert, save_qwen3, words
+    from benchmarks.scoring import rerank_model
+    from benchmarks.timing import timed
+    from engine.build import build_engine
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+    from scoring.rerank import RerankOptions, rerank_scores
+
+    loop = asyncio.new_event_loop()
+    base = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=32768, max_queue_tokens=2**21)
+    for kind, save, shape in (("cross-encoder", save_bert, "bert-base"), ("judge", save_qwen3, "qwen3-0.6b")):
+        checkpoint = save(Path(tempfile.mkdtemp()), shape, kind)
+        spec = resolve_model(str(checkpoint.folder))
+        for fill_tokens in (base.pipeline_fill_tokens, 0):
+            engine = build_engine(spec, dataclasses.replace(base, pipeline_fill_tokens=fill_tokens))
+            tokenizer, model = rerank_model(engine, checkpoint.folder, kind, spec.max_seq_length)
+            rng = random.Random(2)
+            query = tokenizer.encode(model.prompts.query_text(words(12, rng)), add_special_tokens=False).ids
+            length = 512 - len(query) - model.pair.num_special_tokens
+            try:
+                for num_documents in (25, 50):
+                    texts = [model.prompts.document_text(words(length, rng)) for _ in range(num_documents)]
+                    docs = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+
+                    def score(model=model, query=query, docs=docs):
+                        return loop.run_until_complete(rerank_scores(model, query, docs, RerankOptions()))
+
+                    for _ in range(4):  # eager, capture, replays
+                        score()
+                    p50 = 1000 * float(np.median(timed(score, 30, "cuda")))
+                    case = f"{shape} {kind} {num_documents}x512, fill {fill_tokens}"
+                    print(f"{case}: p50 {p50:.2f} ms", flush=True)
+            finally:
+                engine.stop()
+                torch.cuda.empty_cache()
+    loop.close()
+
+
+def side_stream_copy(rows, stream) -> None:
+    """LazyTensor's set-up before HostBuffers, for comparison: a fresh pinned buffer, a side stream and
+    its bookkeeping."""
+    import torch
+
+    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        host.copy_(rows, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(stream)
+    rows.record_stream(stream)
+    torch.cuda.current_stream().wait_event(copied)
+
+
 def main(argv: list[str]) -> None:
-    for part in argv or ["attention", "host"]:
-        {"attention": attention, "host": host}[part]()
+    for part in argv or ["attention", "host", "fill"]:
+        {"attention": attention, "host": host, "fill": fill}[part]()
 
 
 if __name__ == "__main__":
