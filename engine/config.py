@@ -39,9 +39,6 @@ class EngineConfig:
     # whole-model CUDA graphs: "off"; "lazy" (a bucket's first hit runs eagerly, its second
     # captures, later hits replay); "eager-warmup" (capture every bucket at start-up, largest first)
     cuda_graphs: str = "lazy"
-    # on CUDA, a batch launched onto an idle device takes half the queue when the queue holds more
-    # than twice this many tokens, so the host packs the rest while it runs; 0: batches as large as fit
-    pipeline_fill_tokens: int = 4096
 
     def check(self, max_window: int) -> None:
         if self.max_batch_tokens < max_window:
@@ -53,8 +50,6 @@ class EngineConfig:
             raise ValueError("max_batch_seqs must be at least 1")
         if self.max_queue_tokens < self.max_batch_tokens:
             raise ValueError("max_queue_tokens must be at least max_batch_tokens")
-        if self.pipeline_fill_tokens < 0:
-            raise ValueError("pipeline_fill_tokens must be at least 0")
         if self.cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}")
 

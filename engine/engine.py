@@ -68,10 +68,8 @@ class Engine:
         self.config = config
         self.rate = ServiceRate(config.max_batch_tokens)
         self.scheduler = Scheduler(
-            config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens, self.rate,
-            # on the CPU the model runs while step() is called: no packing overlaps it
-            fill_tokens=config.pipeline_fill_tokens if runner.device.type == "cuda" else 0,
-        )  # fmt: skip
+            config.max_batch_tokens, config.max_batch_seqs, config.max_queue_tokens, self.rate
+        )
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         self._thread: threading.Thread | None = None
@@ -171,12 +169,11 @@ class Engine:
                 wait = 0.0  # see IDLE_SPIN_S
             else:
                 wait = IDLE_WAIT_S
-            idle = in_flight is None
             if intake is None:
-                batch = self.scheduler.next_batch(timeout=wait, idle=idle)
+                batch = self.scheduler.next_batch(timeout=wait)
             else:
                 intake.poll(0 if self.scheduler.queued_tokens else wait)
-                batch = self.scheduler.next_batch(timeout=0, idle=idle)
+                batch = self.scheduler.next_batch(timeout=0)
             launched = self._launch(batch) if batch else None
             if launched is None and in_flight is not None and self._overlap_wait(in_flight) > 0:
                 continue  # nothing came and the batch still runs: listen again

@@ -62,11 +62,7 @@ class Scheduler:
     """Strict FIFO over sequences: a batch takes sequences from the front while they fit; the first
     one that does not fit stays at the front and closes the batch. A cancelled request's sequences
     not yet taken are dropped. With a ServiceRate, a request with a deadline is admitted only while the
-    work queued ahead of it plus its own is estimated to finish before it.
-
-    Filling the pipeline: a batch for an idle device (`next_batch(idle=True)`) takes only half of a
-    queue over 2 x `fill_tokens`, so the worker packs the second half while the device runs the
-    first, instead of packing all of it before the device starts."""
+    work queued ahead of it plus its own is estimated to finish before it."""
 
     def __init__(
         self,
@@ -74,10 +70,8 @@ class Scheduler:
         max_batch_seqs: int,
         max_queue_tokens: int,
         rate: ServiceRate | None = None,
-        fill_tokens: int = 0,
     ):
         self.max_batch_tokens = max_batch_tokens
-        self.fill_tokens = fill_tokens
         self.max_batch_seqs = max_batch_seqs
         self.max_queue_tokens = max_queue_tokens
         self.rate = rate
@@ -112,17 +106,13 @@ class Scheduler:
             self._queued_tokens += num_tokens
             self._condition.notify()
 
-    def next_batch(self, timeout: float | None = None, idle: bool = False) -> list[ScheduledSequence]:
+    def next_batch(self, timeout: float | None = None) -> list[ScheduledSequence]:
         """Wait up to `timeout` seconds (None: until work or stop) and pop the next batch;
-        an empty list means no work arrived in time or the scheduler stopped. `idle`: nothing runs on
-        the device (see filling the pipeline)."""
+        an empty list means no work arrived in time or the scheduler stopped."""
         with self._condition:
             self._condition.wait_for(lambda: self._queue or self._stopped or self._woken, timeout=timeout)
             self._woken = False
-            budget = self.max_batch_tokens
-            if idle and self.fill_tokens and self._queued_tokens > 2 * self.fill_tokens:
-                budget = min(budget, -(-self._queued_tokens // 2))
-            return self._take_batch(budget)
+            return self._take_batch()
 
     def stop(self) -> None:
         with self._condition:
@@ -139,7 +129,7 @@ class Scheduler:
     def stopped(self) -> bool:
         return self._stopped
 
-    def _take_batch(self, max_tokens: int) -> list[ScheduledSequence]:
+    def _take_batch(self) -> list[ScheduledSequence]:
         batch: list[ScheduledSequence] = []
         num_tokens = 0
         while self._queue and len(batch) < self.max_batch_seqs:
@@ -150,13 +140,13 @@ class Scheduler:
                 continue
             length = head.lengths[head.taken]
             # a sequence above the budget (rejected upstream) still runs alone rather than block
-            if batch and num_tokens + length > max_tokens:
+            if batch and num_tokens + length > self.max_batch_tokens:
                 break
             batch.append(head.take())
             self._queued_tokens -= length
             num_tokens += length
             if head.done:
                 self._queue.popleft()
-            if num_tokens >= max_tokens:
+            if num_tokens >= self.max_batch_tokens:
                 break
         return batch

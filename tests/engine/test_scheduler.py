@@ -109,27 +109,3 @@ def test_a_request_without_sequences_is_refused():
     with pytest.raises(ValueError, match="at least one sequence"):
         scheduler.submit(request("empty"))
     assert scheduler.next_batch(timeout=0) == []
-
-
-def test_a_batch_for_an_idle_device_takes_half_of_a_long_queue():
-    # 50 x 512 tokens with a 32768-token budget: 25 and 25, so the second packs while the first runs
-    scheduler = Scheduler(32768, max_batch_seqs=512, max_queue_tokens=2**20, fill_tokens=4096)
-    scheduler.submit(request("r", *[512] * 50))
-    first = scheduler.next_batch(timeout=0, idle=True)
-    assert len(first) == 25 and scheduler.queued_tokens == 25 * 512
-    # the device runs the first half: the rest goes as one batch
-    assert len(scheduler.next_batch(timeout=0, idle=False)) == 25
-
-
-def test_short_queues_and_busy_devices_get_whole_batches():
-    scheduler = Scheduler(32768, max_batch_seqs=512, max_queue_tokens=2**20, fill_tokens=4096)
-    scheduler.submit(request("short", *[512] * 16))  # 8192 tokens: not over twice the fill
-    assert len(scheduler.next_batch(timeout=0, idle=True)) == 16
-    scheduler.submit(request("busy", *[512] * 50))
-    assert len(scheduler.next_batch(timeout=0, idle=False)) == 50
-    # a queue far over the budget: the idle batch is still a full one
-    scheduler.submit(request("long", *[512] * 200))
-    assert len(scheduler.next_batch(timeout=0, idle=True)) == 64
-    off = Scheduler(max_batch_tokens=32768, max_batch_seqs=512, max_queue_tokens=2**20)
-    off.submit(request("r", *[512] * 50))
-    assert len(off.next_batch(timeout=0, idle=True)) == 50
