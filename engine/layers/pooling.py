@@ -24,27 +24,42 @@ def mean_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return sums / meta.lengths.clamp(min=1).unsqueeze(1)
 
 
+def cls_rows(meta: AttentionMetadata, num_tokens: int) -> torch.Tensor:
+    # [num_seqs] int64: the first token of each sequence. A graph's zero-length slots after a batch
+    # that fills its bucket start at num_tokens: clamped, they read the last row, never read back
+    return meta.cu_seqlens[:-1].long().clamp(max=num_tokens - 1)
+
+
+def last_rows(meta: AttentionMetadata, num_tokens: int) -> torch.Tensor:
+    # [num_seqs] int64: the last token of each sequence
+    return meta.cu_seqlens[1:].long() - 1
+
+
+def last_kept_rows(meta: AttentionMetadata, input_ids: torch.Tensor, skip_id: int) -> torch.Tensor:
+    # [num_seqs] int64: the last token of each sequence that is not `skip_id` (transformers' decoder
+    # classifiers pass over trailing pad tokens), its first where all are
+    index = torch.arange(input_ids.shape[0], device=input_ids.device)
+    kept = torch.where(input_ids != skip_id, index, meta.cu_seqlens[:-1].long()[meta.segment_ids])
+    last = torch.zeros(meta.num_seqs, dtype=torch.int64, device=input_ids.device)
+    return last.scatter_reduce(0, meta.segment_ids, kept, "amax", include_self=False)
+
+
+# pooling methods that read one row a sequence: the token indices of those rows, so that the model
+# computes only them past its last attention (Backbone.encode's `rows`)
+ROW_POOLINGS: dict[str, Callable[[AttentionMetadata, int], torch.Tensor]] = {
+    "cls": cls_rows,
+    "last": last_rows,
+}
+
+
 def cls_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    # [num_tokens, hidden] -> [num_seqs, hidden], the first token of each sequence. A graph's
-    # zero-length slots after a batch that fills its bucket start at num_tokens: clamped, they read
-    # the last row, and their rows are never read back
-    return hidden[meta.cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)]
+    # [num_tokens, hidden] -> [num_seqs, hidden]
+    return hidden[cls_rows(meta, hidden.shape[0])]
 
 
 def last_pool(hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    # [num_tokens, hidden] -> [num_seqs, hidden], the last token of each sequence
-    return hidden[meta.cu_seqlens[1:].long() - 1]
-
-
-def last_kept_pool(
-    hidden: torch.Tensor, meta: AttentionMetadata, input_ids: torch.Tensor, skip_id: int
-) -> torch.Tensor:
-    # [num_tokens, hidden] -> [num_seqs, hidden], the last token of each sequence that is not `skip_id`
-    # (transformers' decoder classifiers pass over trailing pad tokens), its first where all are
-    index = torch.arange(hidden.shape[0], device=hidden.device)
-    kept = torch.where(input_ids != skip_id, index, meta.cu_seqlens[:-1].long()[meta.segment_ids])
-    last = torch.zeros(meta.num_seqs, dtype=torch.int64, device=hidden.device)
-    return hidden[last.scatter_reduce(0, meta.segment_ids, kept, "amax", include_self=False)]
+    # [num_tokens, hidden] -> [num_seqs, hidden]
+    return hidden[last_rows(meta, hidden.shape[0])]
 
 
 POOLING_METHODS: dict[str, Callable[[torch.Tensor, AttentionMetadata], torch.Tensor]] = {

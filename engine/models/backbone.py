@@ -49,9 +49,10 @@ class ClassifierLayout:
 class Backbone(nn.Module):
     """A family's embeddings and layers. `encode` gives the hidden states of every token before
     `finish`, a row-wise closing step (the final norm, or nothing), so that a head that reads one row
-    a sequence finishes only those rows. Checkpoint names are relative to the backbone, after one of
-    `checkpoint_prefixes`; `ignored_weights` are skipped on purpose (a trailing "." skips everything
-    under it) and `pretraining_heads` are what an embedder does not read."""
+    a sequence computes past the last attention, and finishes, only those rows. Checkpoint names are
+    relative to the backbone, after one of `checkpoint_prefixes`; `ignored_weights` are skipped on
+    purpose (a trailing "." skips everything under it) and `pretraining_heads` are what an embedder
+    does not read."""
 
     checkpoint_prefixes: tuple[str, ...] = ()
     ignored_weights: tuple[str, ...] = ()
@@ -93,8 +94,12 @@ class Backbone(nn.Module):
     def classifier_layout(self) -> ClassifierLayout:
         raise UnsupportedModel(f"{type(self).__name__} has no sequence-classification head")
 
-    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden], before `finish`
+    def encode(
+        self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """PackedBatch of num_tokens -> [num_tokens, hidden], before `finish`; with `rows` ([n] token
+        indices on the device, the rows a head reads), [n, hidden] of those rows: the last layer runs
+        its attention over every token and the rest of it over these rows only."""
         raise NotImplementedError
 
     def finish(self, rows: torch.Tensor) -> torch.Tensor:

@@ -213,13 +213,20 @@ class BertLayer(nn.Module):
         self.mlp_norm = AddLayerNorm(hidden_size, eps=config.layer_norm_eps)
 
     def forward(
-        self, hidden: torch.Tensor, meta: AttentionMetadata, bias: PositionBias | None = None
+        self,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        bias: PositionBias | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # [num_tokens, hidden] -> [num_tokens, hidden]
+        # [num_tokens, hidden] -> [num_tokens, hidden]; with `rows`, [len(rows), hidden] of those rows
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv(hidden).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, bias=bias)
-        hidden = self.attention_norm(self.attention_out(attention.reshape(num_tokens, -1)), hidden)
+        attention = attention.reshape(num_tokens, -1)
+        if rows is not None:
+            attention, hidden = attention[rows], hidden[rows]
+        hidden = self.attention_norm(self.attention_out(attention), hidden)
         return self.mlp_norm(self.down(self.up(hidden)), hidden)
 
 
@@ -265,12 +272,15 @@ class BertBackbone(Backbone):
     def classifier_layout(self) -> ClassifierLayout:
         return self.config.variant.classifier
 
-    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden]
+    def encode(
+        self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden] (with `rows`, those rows: Backbone.encode)
         hidden = self.embeddings(batch.input_ids, batch.positions, batch.token_type_ids)
         bias = self.position_bias()
-        for layer in self.layers:
-            hidden = layer(hidden, meta, bias)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, meta, bias, rows if index == last else None)
         return hidden
 
     def position_bias(self) -> PositionBias | None:

@@ -200,16 +200,22 @@ class DecoderAttention(nn.Module):
         self.out = nn.Linear(out_size, config.hidden_size, bias=config.out_bias)
 
     def forward(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # [num_tokens, hidden] -> [num_tokens, hidden]
+        # [num_tokens, hidden] -> [num_tokens, hidden]; with `rows`, [len(rows), hidden] of those rows
         num_tokens = hidden.shape[0]
         q, k, v = self.qk_norm_rotary(self.qkv(hidden), cos, sin)
         attention = varlen_attention(
             q, k, v, meta, backend=self.attention_backend, causal=self.causal, window=self.window,
             scale=self.scale,
         )  # fmt: skip
-        return self.out(attention.reshape(num_tokens, -1))
+        attention = attention.reshape(num_tokens, -1)
+        return self.out(attention if rows is None else attention[rows])
 
 
 class DecoderMLP(nn.Module):
@@ -251,11 +257,14 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # [num_tokens, hidden] output of the last block and residual stream (None before the first
-        # block) -> the same for this block
+        # block) -> the same for this block; with `rows`, [len(rows), hidden] of those rows
         hidden, residual = self.attention_norm(hidden, residual)
-        hidden = self.attention(hidden, cos, sin, meta)
+        hidden = self.attention(hidden, cos, sin, meta, rows)
+        if rows is not None:
+            residual = residual[rows]
         if self.attention_out_norm is not None:
             hidden = self.attention_out_norm(hidden, None)[0]
         hidden, residual = self.mlp_norm(hidden, residual)
@@ -328,8 +337,11 @@ class DecoderBackbone(Backbone):
             out="score", out_bias=False, pooling="last", skip_token=self.config.pad_token_id
         )
 
-    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual stream)
+    def encode(
+        self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual
+        # stream); with `rows`, those rows (Backbone.encode)
         hidden = self.embed_tokens(batch.input_ids)
         if self.config.variant.embed_scale:
             hidden = hidden * embedding_scale(self.hidden_size, hidden.dtype)
@@ -339,8 +351,11 @@ class DecoderBackbone(Backbone):
             for kind, theta in self.config.rope_thetas.items()
         }
         residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, *rotary[layer.layer_type], meta)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            hidden, residual = layer(
+                hidden, residual, *rotary[layer.layer_type], meta, rows if index == last else None
+            )
         return hidden + residual
 
     def finish(self, rows: torch.Tensor) -> torch.Tensor:

@@ -138,8 +138,11 @@ class TransformersBackbone(Backbone):
     def window(cls, hf_config: Any) -> int:
         return getattr(hf_config, "max_position_embeddings", None) or DEFAULT_WINDOW
 
-    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden]
+    def encode(
+        self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden] (with `rows`, those rows, picked at the end:
+        # transformers runs every row of every layer)
         bounds = batch.cu_seqlens.tolist()
         out = torch.empty(
             batch.input_ids.shape[0], self.hidden_size, dtype=self.model.dtype, device=batch.input_ids.device
@@ -149,7 +152,7 @@ class TransformersBackbone(Backbone):
             for row, index in enumerate(members):
                 start, end = bounds[index], bounds[index + 1]
                 out[start:end] = hidden[row, : end - start]
-        return out
+        return out if rows is None else out[rows]
 
     def weight_map(self):
         return {}  # transformers loaded its own weights

@@ -14,7 +14,7 @@ from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
-from engine.layers.pooling import POOLING_METHODS, Pooler, last_kept_pool
+from engine.layers.pooling import POOLING_METHODS, ROW_POOLINGS, Pooler, last_kept_rows
 from engine.models.backbone import Backbone, ClassifierLayout
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import Dense, DenseLayout
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
 
 JUDGE_TOKENS = ("no", "yes")  # the judge's two logits, in the order softmax's positive class expects
-# pooling methods that pick one row a sequence, so that the backbone finishes only those rows
-ROW_POOLINGS = ("cls", "last")
 
 
 class Head(nn.Module):
@@ -48,16 +46,17 @@ class Head(nn.Module):
         self, batch: PackedBatch, meta: AttentionMetadata | None, method: str, skip_id: int | None = None
     ) -> torch.Tensor:
         # PackedBatch -> [num_seqs, hidden] finished rows, pooled by `method` (float32 for mean); "last"
-        # with `skip_id` passes over trailing tokens of that id
+        # with `skip_id` passes over trailing tokens of that id. A method that reads one row a sequence
+        # has the backbone compute only those rows past its last attention, and finish only them
         if meta is None:
             meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-        stream = self.backbone.encode(batch, meta)
         if method == "last" and skip_id is not None:
-            return self.backbone.finish(last_kept_pool(stream, meta, batch.input_ids, skip_id))
-        pool = POOLING_METHODS[method]
-        if method in ROW_POOLINGS:
-            return self.backbone.finish(pool(stream, meta))
-        return pool(self.backbone.finish(stream), meta)
+            rows = last_kept_rows(meta, batch.input_ids, skip_id)
+        elif method in ROW_POOLINGS:
+            rows = ROW_POOLINGS[method](meta, batch.num_tokens)
+        else:
+            return POOLING_METHODS[method](self.backbone.finish(self.backbone.encode(batch, meta)), meta)
+        return self.backbone.finish(self.backbone.encode(batch, meta, rows))
 
 
 class Embedder(Head):

@@ -117,16 +117,23 @@ class ModernBertLayer(nn.Module):
         self.down = nn.Linear(config.intermediate_size, hidden_size, bias=config.mlp_bias)
 
     def forward(
-        self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # [num_tokens, hidden] -> [num_tokens, hidden]
+        # [num_tokens, hidden] -> [num_tokens, hidden]; with `rows`, [len(rows), hidden] of those rows
         num_tokens = hidden.shape[0]
         qkv = self.qkv(self.attention_norm(hidden)).view(num_tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)
         cos, sin = rotary
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, window=self.window)
-        hidden = hidden + self.attention_out(attention.reshape(num_tokens, -1))
+        attention = attention.reshape(num_tokens, -1)
+        if rows is not None:
+            attention, hidden = attention[rows], hidden[rows]
+        hidden = hidden + self.attention_out(attention)
         up, gate = self.up(self.mlp_norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(self.act(up) * gate)
 
@@ -182,8 +189,11 @@ class ModernBertBackbone(Backbone):
             pooling=config.classifier_pooling,
         )
 
-    def encode(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm
+    def encode(
+        self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (with `rows`, those
+        # rows: Backbone.encode)
         hidden = self.embedding_norm(self.embeddings(batch.input_ids))
         # one cos/sin table per layer type, shared by its layers; computed here, not kept in buffers,
         # since the loader fills only parameters
@@ -191,8 +201,9 @@ class ModernBertBackbone(Backbone):
             kind: rotary_tables(batch.positions, self.head_dim, theta, hidden.dtype)
             for kind, theta in self.config.rope_thetas.items()
         }
-        for layer in self.layers:
-            hidden = layer(hidden, rotary[layer.layer_type], meta)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, rotary[layer.layer_type], meta, rows if index == last else None)
         return hidden
 
     def finish(self, rows: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from engine.attention import select_backend
+from engine.attention import AttentionMetadata, select_backend
 from engine.batch import pack
 from engine.loader import load_model, resolve_model
 from tests.conftest import build_cross_encoder
@@ -58,3 +58,34 @@ def test_logits_match_transformers(folder):
         ).logits
     assert ours.dtype == torch.float32 and ours.shape == (len(PAIRS), spec.num_labels)
     assert (ours - expected).abs().max().item() <= TOLERANCE
+
+
+def test_past_the_last_attention_only_the_pooled_rows_are_computed(folder):
+    """A CLS head reads one row a sequence: the last layer's output projection and MLP run over those
+    rows only, every earlier layer over every token, and the logits equal the full computation's."""
+    spec = resolve_model(str(folder))
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    encodings = tokenizer.encode_batch(PAIRS)
+    batch = pack([e.ids for e in encodings], [e.type_ids for e in encodings])
+    layers = model.backbone.layers
+    seen = {}
+    hooks = [
+        layer.down.register_forward_hook(
+            lambda module, args, out, index=index: seen.update({index: out.shape[0]})
+        )
+        for index, layer in enumerate(layers)
+    ]
+    with torch.inference_mode():
+        ours = model(batch)
+        for hook in hooks:
+            hook.remove()
+        meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        full = model.backbone.encode(batch, meta)[batch.cu_seqlens[:-1].long()]
+        pooled = model.pooled(batch, meta, "cls")
+    assert seen == {
+        **{index: batch.num_tokens for index in range(len(layers) - 1)},
+        len(layers) - 1: len(PAIRS),
+    }
+    torch.testing.assert_close(pooled, full, rtol=1e-5, atol=1e-5)
+    assert ours.shape == (len(PAIRS), spec.num_labels)
