@@ -1,5 +1,5 @@
-"""`python -m benchmarks.variants [attention] [host] [fill]` (CUDA): the variants behind the engine's choices,
-side by side in one device call; printed, not recorded.
+"""`python -m benchmarks.variants [attention] [host] [gemm]` (CUDA): the variants behind the
+engine's choices, side by side in one device call; printed, not recorded.
 
 attention: microseconds a layer (CUDA-graph replays, median) of each attention backend that loads here:
 FlashAttention 2 (torch-varlen), triton's packed kernel on every length, FA3 (flashinfer, in graph mode
@@ -9,10 +9,11 @@ flashinfer's host time to plan and launch a new batch.
 host: where ModelRunner.step's host time goes on a graph replay (pack, stage, prepare, input copy,
 replay launch, LazyTensor set-up, then the wait; and the side-stream set-up LazyTensor had before
 HostBuffers), BERT-base and Qwen3-0.6B shapes.
-fill: rerank latency with and without the scheduler's pipeline fill."""
+gemm: the layer GEMMs at small M, cuBLAS against a plain Triton tile kernel."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import tempfile
@@ -153,51 +154,77 @@ def host() -> None:
             engine.stop()
 
 
-def fill() -> None:
-    """A rerank request's p50 with the pipeline fill (an idle device's first batch takes half the queue)
-    and without it, BERT-base cross-encoder and Qwen3-Reranker shapes, 25 and 50 x 512, one engine each."""
-    import asyncio
-    import dataclasses
-    import random
+# (name, M, N, K): the layer GEMMs of BERT-base and Qwen3-0.6B at one 128-token text, and BERT's at 5 x 512
+GEMM_SHAPES = [
+    *((f"bert-{name}", 128, n, k) for name, n, k in (("qkv", 2304, 768), ("o", 768, 768), ("up", 3072, 768),
+                                                     ("down", 768, 3072))),
+    *((f"qwen3-{name}", 128, n, k) for name, n, k in (("qkv", 4096, 1024), ("o", 1024, 2048),
+                                                      ("gate_up", 6144, 1024), ("down", 1024, 3072))),
+    *((f"bert-{name}-2560", 2560, n, k) for name, n, k in (("qkv", 2304, 768), ("down", 768, 3072))),
+]  # fmt: skip
 
+
+def _linear_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def linear(x, w, b, out, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # out [M, N] = x [M, K] @ w [N, K]^T + b, K a multiple of BLOCK_K
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = tl.load(x + rm[:, None] * K + (k + rk)[None, :], mask=rm[:, None] < M, other=0.0)
+            t = tl.load(w + rn[None, :] * K + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
+            acc = tl.dot(a, t, acc)
+        acc += tl.load(b + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        tl.store(out + rm[:, None] * N + rn[None, :], acc.to(out.dtype.element_ty), mask=mask)
+
+    return linear
+
+
+def gemm() -> None:
+    """The layer GEMMs at small M: cuBLAS through F.linear (torch's default library, then cuBLASLt asked
+    for), and a plain Triton tile kernel over a few tile shapes (its best), each against its weight-read
+    floor (4.8 TB/s)."""
     import torch
+    import torch.nn.functional as F
 
-    from benchmarks.checkpoints import save_bert, save_qwen3, words
-    from benchmarks.scoring import rerank_model
-    from benchmarks.timing import timed
-    from engine.build import build_engine
-    from engine.config import EngineConfig
-    from engine.loader import resolve_model
-    from scoring.rerank import RerankOptions, rerank_scores
-
-    loop = asyncio.new_event_loop()
-    base = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=32768, max_queue_tokens=2**21)
-    for kind, save, shape in (("cross-encoder", save_bert, "bert-base"), ("judge", save_qwen3, "qwen3-0.6b")):
-        checkpoint = save(Path(tempfile.mkdtemp()), shape, kind)
-        spec = resolve_model(str(checkpoint.folder))
-        for fill_tokens in (base.pipeline_fill_tokens, 0):
-            engine = build_engine(spec, dataclasses.replace(base, pipeline_fill_tokens=fill_tokens))
-            tokenizer, model = rerank_model(engine, checkpoint.folder, kind, spec.max_seq_length)
-            rng = random.Random(2)
-            query = tokenizer.encode(model.prompts.query_text(words(12, rng)), add_special_tokens=False).ids
-            length = 512 - len(query) - model.pair.num_special_tokens
+    kernel = _linear_kernel()
+    configs = [(bm, bn, bk, warps, stages) for bm in (64, 128) for bn in (16, 32, 64) for bk in (64, 128)
+               for warps in (4,) for stages in (3, 4)]  # fmt: skip
+    for name, m, n, k in GEMM_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        want = F.linear(x, w, b)
+        row = {"floor": 2 * n * k / 4.8e6}
+        row["cublas"] = microseconds(lambda x=x, w=w, b=b: F.linear(x, w, b))
+        default = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        row["cublaslt"] = microseconds(lambda x=x, w=w, b=b: F.linear(x, w, b))
+        torch.backends.cuda.preferred_blas_library(default)
+        best, best_config, error = float("inf"), None, None
+        out = torch.empty_like(want)
+        for bm, bn, bk, warps, stages in configs:
+            launch = kernel[(-(-n // bn), -(-m // bm))]
+            run = functools.partial(
+                launch, x, w, b, out, m, n, k, bm, bn, bk, num_warps=warps, num_stages=stages
+            )
             try:
-                for num_documents in (25, 50):
-                    texts = [model.prompts.document_text(words(length, rng)) for _ in range(num_documents)]
-                    docs = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
-
-                    def score(model=model, query=query, docs=docs):
-                        return loop.run_until_complete(rerank_scores(model, query, docs, RerankOptions()))
-
-                    for _ in range(4):  # eager, capture, replays
-                        score()
-                    p50 = 1000 * float(np.median(timed(score, 30, "cuda")))
-                    case = f"{shape} {kind} {num_documents}x512, fill {fill_tokens}"
-                    print(f"{case}: p50 {p50:.2f} ms", flush=True)
-            finally:
-                engine.stop()
-                torch.cuda.empty_cache()
-    loop.close()
+                run()
+                us = microseconds(run)
+            except Exception as failure:  # a tile that does not fit the SM's shared memory
+                print(f"{name}: triton {bm}x{bn}x{bk} failed: {type(failure).__name__}", flush=True)
+                continue
+            if us < best:
+                best, best_config, error = us, (bm, bn, bk, stages), relative_error(out, want)
+        row[f"triton {best_config}"] = best
+        values = ", ".join(f"{label} {us:.1f}" for label, us in row.items())
+        print(f"{name} ({m}x{n}x{k}): {values} us (triton error {error:.0e})", flush=True)
 
 
 def side_stream_copy(rows, stream) -> None:
@@ -216,8 +243,8 @@ def side_stream_copy(rows, stream) -> None:
 
 
 def main(argv: list[str]) -> None:
-    for part in argv or ["attention", "host", "fill"]:
-        {"attention": attention, "host": host, "fill": fill}[part]()
+    for part in argv or ["attention", "host", "gemm"]:
+        {"attention": attention, "host": host, "gemm": gemm}[part]()
 
 
 if __name__ == "__main__":
