@@ -1,4 +1,4 @@
-"""`python -m benchmarks.variants [attention] [host] [gemm]` (CUDA): the variants behind the
+"""`python -m benchmarks.variants [attention] [host] [tiles] [gemm]` (CUDA): the variants behind the
 engine's choices, side by side in one device call; printed, not recorded.
 
 attention: microseconds a layer (CUDA-graph replays, median) of each attention backend that loads here:
@@ -9,6 +9,7 @@ flashinfer's host time to plan and launch a new batch.
 host: where ModelRunner.step's host time goes on a graph replay (pack, stage, prepare, input copy,
 replay launch, LazyTensor set-up, then the wait; and the side-stream set-up LazyTensor had before
 HostBuffers), BERT-base and Qwen3-0.6B shapes.
+tiles: triton's packed kernel on short sequences in each of a few tiles, one program a sequence or not.
 gemm: the layer GEMMs at small M, cuBLAS against a plain Triton tile kernel."""
 
 from __future__ import annotations
@@ -154,6 +155,49 @@ def host() -> None:
             engine.stop()
 
 
+# short-sequence batches (name -> query heads, key/value heads, head dim, lengths) and triton's tiles for
+# them: (query rows, key rows, warps, stages, one program a sequence)
+TILE_SHAPES = {
+    "bert-327x50": (12, 12, 64, [50] * 327),
+    "bert-819x20": (12, 12, 64, [20] * 819),
+    "bert-mixed16k": (12, 12, 64, np.random.default_rng(3).integers(8, 65, 520).tolist()),
+    "qwen3-327x50": (16, 8, 128, [50] * 327),
+}
+TILES = [(64, 64, 4, 1, True), (64, 64, 2, 1, True), (64, 32, 4, 2, True), (64, 64, 8, 1, True),
+         (16, 32, 1, 2, False), (64, 32, 4, 2, False)]  # fmt: skip
+
+
+def tiles() -> None:
+    """Triton's packed kernel on batches of short sequences (16k tokens, CUDA-graph replays) in each tile
+    of TILES, against the first one's output."""
+    import torch
+
+    from engine.attention import AttentionMetadata, select_backend
+    from engine.attention import triton_backend as module
+
+    chosen = module.tile_config
+    try:
+        for case, (num_heads, num_kv_heads, head_dim, lengths) in TILE_SHAPES.items():
+            shape = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+            backend = select_backend("triton", "cuda", dtype=torch.bfloat16, **shape)
+            cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+            meta = AttentionMetadata.build(cu_seqlens, max(lengths)).to("cuda")
+            q, k, v = (
+                torch.randn(sum(lengths), heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                for heads in (num_heads, num_kv_heads, num_kv_heads)
+            )
+            row, reference = [], None
+            for tile in TILES:
+                module.tile_config = lambda head_dim, max_seqlen, tile=tile: tile
+                out = backend.forward(q, k, v, meta, False, None)
+                reference = out if reference is None else reference
+                us = layer_microseconds(backend, q, k, v, meta, False)
+                row.append(f"{tile} {us:.1f} us ({relative_error(out, reference):.0e})")
+            print(f"{case}: " + ", ".join(row), flush=True)
+    finally:
+        module.tile_config = chosen
+
+
 # (name, M, N, K): the layer GEMMs of BERT-base and Qwen3-0.6B at one 128-token text, and BERT's at 5 x 512
 GEMM_SHAPES = [
     *((f"bert-{name}", 128, n, k) for name, n, k in (("qkv", 2304, 768), ("o", 768, 768), ("up", 3072, 768),
@@ -243,8 +287,8 @@ def side_stream_copy(rows, stream) -> None:
 
 
 def main(argv: list[str]) -> None:
-    for part in argv or ["attention", "host", "gemm"]:
-        {"attention": attention, "host": host, "gemm": gemm}[part]()
+    for part in argv or ["attention", "host", "tiles", "gemm"]:
+        {"attention": attention, "host": host, "tiles": tiles, "gemm": gemm}[part]()
 
 
 if __name__ == "__main__":

@@ -114,9 +114,10 @@ class TritonAttention(AttentionBackend):
         left, right = window if window is not None else (-1, -1)
         if causal:
             right = 0
-        block_m, block_n, num_warps, num_stages = tile_config(head_dim, meta.max_seqlen)
+        block_m, block_n, num_warps, num_stages, per_sequence = tile_config(head_dim, meta.max_seqlen)
         qk_scale = LOG2_E * (1 / math.sqrt(head_dim) if scale is None else scale)
-        grid = (triton_cdiv(num_tokens, block_m), num_heads)
+        programs = meta.cu_seqlens.shape[0] - 1 if per_sequence else triton_cdiv(num_tokens, block_m)
+        grid = (programs, num_heads)
         # the table in exp2's units (a tiny multiply a layer: scaling each loaded bias inside the kernel
         # instead cost mpnet-base a fifth of its tokens/s on the H200); without a bias the kernel never
         # reads it, and q stands in for it
@@ -127,19 +128,29 @@ class TritonAttention(AttentionBackend):
             out.stride(0), out.stride(1), table.stride(0),
             num_heads // k.shape[1], head_dim, qk_scale, left, right, max_offset,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
-            HAS_BIAS=bias is not None, num_warps=num_warps, num_stages=num_stages,
+            HAS_BIAS=bias is not None, PER_SEQUENCE=per_sequence, num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return out
 
 
-def tile_config(head_dim: int, max_seqlen: int) -> tuple[int, int, int, int]:
-    """(query rows, key rows, warps, pipeline stages) per program, the fastest of the tiles swept on the
-    H200 (16k-token batches, 12 heads): sequences of at most 64 tokens with head dims up to 64 take
-    one-warp 16-row tiles (50 tokens: 60 us against 66 at head dim 64, 42 against 60 at 32; 20 tokens:
-    44 against 52); longer ones 64-row tiles (100 tokens: 83 against 86; one of 128: 5.7 against 5.9)."""
+# (query rows, key rows, warps, pipeline stages, one program a sequence) of batches whose sequences
+# are at most PER_SEQUENCE_SEQLEN tokens long (see tile_config)
+PER_SEQUENCE_SEQLEN = 64
+PER_SEQUENCE_TILES = (64, 64, 4, 1, True)
+
+
+def tile_config(head_dim: int, max_seqlen: int) -> tuple[int, int, int, int, bool]:
+    """(query rows, key rows, warps, pipeline stages, per sequence) per program. Tiles of the packed token
+    axis, the fastest swept on the H200 (16k-token batches, 12 heads): sequences of at most 64 tokens
+    with head dims up to 64 one-warp 16-row tiles (50 tokens: 60 us against 66 at head dim 64, 42
+    against 60 at 32; 20 tokens: 44 against 52); longer ones 64-row tiles (100 tokens: 83 against 86;
+    one of 128: 5.7 against 5.9). `per_sequence`: one program a (sequence, head) instead, its queries
+    in one tile, each key and value read once."""
+    if max_seqlen <= PER_SEQUENCE_SEQLEN:
+        return PER_SEQUENCE_TILES
     if max_seqlen <= 64 and head_dim <= 64:
-        return 16, 32, 1, 2
-    return 64, 32, 4, 2
+        return 16, 32, 1, 2, False
+    return 64, 32, 4, 2, False
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -159,18 +170,27 @@ def _triton_kernel():
         num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
         stride_bias_head, group_size, head_dim, qk_scale, window_left, window_right, max_offset,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+        PER_SEQUENCE: tl.constexpr,
     ):  # fmt: skip
-        first_row = tl.program_id(0) * BLOCK_M
         head = tl.program_id(1)
         kv_head = head // group_size
-        rows = first_row + tl.arange(0, BLOCK_M)
-        row_mask = rows < num_tokens
         dims = tl.arange(0, BLOCK_D)
         dim_mask = dims < head_dim
-        # the keys this tile can see: from its first sequence's start to its last sequence's end
-        last_row = tl.minimum(first_row + BLOCK_M, num_tokens) - 1
-        key_start = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + first_row))
-        key_end = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + last_row) + 1)
+        if PER_SEQUENCE:  # program 0 axis: a sequence slot, no longer than BLOCK_M (empty slots: none)
+            key_start = tl.load(cu_seqlens_ptr + tl.program_id(0))
+            key_end = tl.load(cu_seqlens_ptr + tl.program_id(0) + 1)
+            first_row = key_start
+            rows = first_row + tl.arange(0, BLOCK_M)
+            row_mask = rows < key_end
+            last_row = key_end - 1
+        else:  # a tile of the packed token axis, which may span sequences
+            first_row = tl.program_id(0) * BLOCK_M
+            rows = first_row + tl.arange(0, BLOCK_M)
+            row_mask = rows < num_tokens
+            # the keys this tile can see: from its first sequence's start to its last sequence's end
+            last_row = tl.minimum(first_row + BLOCK_M, num_tokens) - 1
+            key_start = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + first_row))
+            key_end = tl.load(cu_seqlens_ptr + tl.load(segment_ptr + last_row) + 1)
         if window_right >= 0:
             key_end = tl.minimum(key_end, last_row + window_right + 1)
         if window_left >= 0:
