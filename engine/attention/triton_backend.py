@@ -114,9 +114,11 @@ class TritonAttention(AttentionBackend):
         left, right = window if window is not None else (-1, -1)
         if causal:
             right = 0
-        block_m, block_n, num_warps, num_stages, per_sequence = tile_config(head_dim, meta.max_seqlen)
+        num_slots = meta.cu_seqlens.shape[0] - 1
+        tiles = tile_config(head_dim, meta.max_seqlen, num_tokens, num_slots)
+        block_m, block_n, num_warps, num_stages, per_sequence = tiles
         qk_scale = LOG2_E * (1 / math.sqrt(head_dim) if scale is None else scale)
-        programs = meta.cu_seqlens.shape[0] - 1 if per_sequence else triton_cdiv(num_tokens, block_m)
+        programs = num_slots if per_sequence else triton_cdiv(num_tokens, block_m)
         grid = (programs, num_heads)
         # the table in exp2's units (a tiny multiply a layer: scaling each loaded bias inside the kernel
         # instead cost mpnet-base a fifth of its tokens/s on the H200); without a bias the kernel never
@@ -133,20 +135,26 @@ class TritonAttention(AttentionBackend):
         return out
 
 
-# (query rows, key rows, warps, pipeline stages, one program a sequence) of batches whose sequences
-# are at most PER_SEQUENCE_SEQLEN tokens long (see tile_config)
+# one program a (sequence, head): the tiles, for batches whose sequences are at most PER_SEQUENCE_SEQLEN
+# tokens and PER_SEQUENCE_MEAN on average (a CUDA graph's: its token bucket over its slots)
 PER_SEQUENCE_SEQLEN = 64
-PER_SEQUENCE_TILES = (64, 64, 4, 1, True)
+PER_SEQUENCE_MEAN = 40
+PER_SEQUENCE_TILES = (64, 32, 4, 2, True)
 
 
-def tile_config(head_dim: int, max_seqlen: int) -> tuple[int, int, int, int, bool]:
-    """(query rows, key rows, warps, pipeline stages, per sequence) per program. Tiles of the packed token
-    axis, the fastest swept on the H200 (16k-token batches, 12 heads): sequences of at most 64 tokens
-    with head dims up to 64 one-warp 16-row tiles (50 tokens: 60 us against 66 at head dim 64, 42
-    against 60 at 32; 20 tokens: 44 against 52); longer ones 64-row tiles (100 tokens: 83 against 86;
-    one of 128: 5.7 against 5.9). `per_sequence`: one program a (sequence, head) instead, its queries
-    in one tile, each key and value read once."""
-    if max_seqlen <= PER_SEQUENCE_SEQLEN:
+def tile_config(
+    head_dim: int, max_seqlen: int, num_tokens: int, num_slots: int
+) -> tuple[int, int, int, int, bool]:
+    """(query rows, key rows, warps, pipeline stages, one program a sequence) per program, the fastest
+    swept on the H200 (16k-token batches, bf16, per layer). One program a (sequence, head), its queries
+    in one 64-row tile and each key and value read once, where the sequences fill that tile: 50 tokens
+    49.5 us against 61.2 for the best tiles of the packed axis (BERT-base's heads), 112 against 136
+    (Qwen3-0.6B's 16/8 heads, head dim 128), mixed 8..64 tokens 63.6 against 62.3; but 20-token
+    sequences 72.5 against 44.6. Otherwise tiles of the packed token axis: one-warp 16-row tiles for
+    sequences of at most 64 tokens and head dims up to 64 (50 tokens: 60 us against 66 for 64-row
+    tiles at head dim 64, 42 against 60 at 32; 20 tokens: 44 against 52), longer ones 64-row tiles
+    (100 tokens: 83 against 86; one of 128: 5.7 against 5.9)."""
+    if max_seqlen <= PER_SEQUENCE_SEQLEN and num_tokens >= PER_SEQUENCE_MEAN * num_slots:
         return PER_SEQUENCE_TILES
     if max_seqlen <= 64 and head_dim <= 64:
         return 16, 32, 1, 2, False

@@ -89,8 +89,11 @@ def random_qkv(num_tokens, num_heads, num_kv_heads, head_dim, seed):
 
 CASES = [
     # (lengths, query heads, key/value heads, head dim, causal, window)
-    ([5, 1, 17, 9, 64, 3], 4, 4, 32, False, None),  # every sequence <= 64 tokens: one program each
+    ([5, 1, 17, 9, 64, 3], 4, 4, 32, False, None),  # every sequence <= 64 tokens: 16-row tiles
     ([5, 1, 17, 0, 9, 64, 3, 0], 4, 2, 32, True, None),  # and empty slots, as a graph's
+    ([50, 64, 41, 60, 33], 4, 4, 32, False, None),  # 40 or more on average: one program a sequence
+    ([50, 64, 0, 60, 58, 7, 64], 4, 2, 64, True, None),
+    ([50, 64, 0, 60, 58], 2, 1, 128, False, (8, 4)),
     ([100, 1, 30, 128, 2], 4, 2, 64, False, None),  # longer ones: 64-row tiles spanning sequences
     ([100, 1, 30, 128, 2], 4, 1, 48, True, None),  # head dim 48 pads to 64 with a mask
     ([90, 40, 7], 2, 2, 32, True, 16),
@@ -124,6 +127,7 @@ def test_packed_attention_matches_the_reference(
     ("lengths", "causal", "window"),
     [
         ([5, 1, 60, 9, 40], False, None),
+        ([60, 45, 50], False, None),
         ([5, 1, 70, 9, 40], False, None),
         ([150, 3, 90], False, None),
         ([90, 40, 7], True, 16),
@@ -131,8 +135,8 @@ def test_packed_attention_matches_the_reference(
 )
 def test_packed_attention_adds_the_position_bias(interpreted, lengths, causal, window):
     """MPNet's bias by offset, clamped past max_offset (8 here, so that long sequences reach the clamp),
-    one program a sequence and in 64-row tiles that span sequences; the torch backend's bias is checked
-    in test_attention."""
+    one program a sequence and in 16- and 64-row tiles that span sequences; the torch backend's bias is
+    checked in test_attention."""
     from engine.attention.position_bias import PositionBias
 
     q, kv = random_qkv(sum(lengths), 3, 3, 32, seed=sum(lengths))
@@ -182,13 +186,15 @@ def test_packed_attention_with_empty_slots_and_an_upper_bound(interpreted):
     assert relative_error(got, expected) <= 1e-4
 
 
-def test_the_tile_follows_the_length_bucket():
+def test_the_tile_follows_the_length_bucket_and_the_mean_length():
     one_program_a_sequence = attention_module.PER_SEQUENCE_TILES
     assert one_program_a_sequence[0] >= attention_module.PER_SEQUENCE_SEQLEN  # its queries in one tile
-    assert attention_module.tile_config(64, 64) == one_program_a_sequence
-    assert attention_module.tile_config(32, 50) == one_program_a_sequence
-    assert attention_module.tile_config(128, 64) == one_program_a_sequence
-    assert attention_module.tile_config(64, 128) == (64, 32, 4, 2, False)
+    tile = attention_module.tile_config
+    assert tile(64, 64, 16384, 328) == one_program_a_sequence  # 50 tokens on average
+    assert tile(128, 64, 16384, 328) == one_program_a_sequence
+    assert tile(64, 64, 16384, 832) == (16, 32, 1, 2, False)  # 20 tokens on average
+    assert tile(128, 64, 16384, 832) == (64, 32, 4, 2, False)
+    assert tile(64, 128, 16384, 128) == (64, 32, 4, 2, False)  # a sequence may be longer than a tile
     assert math.isclose(attention_module.LOG2_E, 1 / math.log(2))
 
 
