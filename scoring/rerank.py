@@ -71,7 +71,9 @@ async def rerank_scores(
             raise TooManyChunks(len(chunks), MAX_CHUNKS_PER_REQUEST)
     if model.cross_encoder:
         pairs = [model.pair.apply(query_ids, chunk) for chunk in chunks]
-        logits = await model.engine.run([ids for ids, _ in pairs], [types for _, types in pairs])
+        # all-zero types (RoBERTa's pairs, a judge's) go as none: the engine packs zeros for them
+        types = [types for _, types in pairs] if model.pair.has_types else None
+        logits = await model.engine.run([ids for ids, _ in pairs], types)
         chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
     else:
         sequences = [model.single.apply(query_ids), *(model.single.apply(chunk) for chunk in chunks)]

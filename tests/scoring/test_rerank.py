@@ -98,3 +98,29 @@ def test_query_leaving_no_room_and_too_many_chunks_are_errors():
         asyncio.run(rerank_scores(model, [1] * 13, [[2]], RerankOptions()))
     with pytest.raises(TooManyChunks):
         asyncio.run(rerank_scores(model, [1], [[2] * 12 * 10_001], RerankOptions()))
+
+
+class TypesSeen:
+    """Fake cross-encoder that keeps the types each call received and scores by length."""
+
+    def __init__(self):
+        self.types = []
+
+    async def run(self, token_ids, token_type_ids=None):
+        self.types.append(token_type_ids)
+        return np.array([[float(len(ids))] for ids in token_ids], dtype=np.float32)
+
+
+def test_pairs_without_types_reach_the_engine_as_none_and_bert_pairs_with_theirs():
+    untyped = PairTemplate(Piece((CLS,), (0,)), Piece((SEP, SEP), (0, 0)), Piece((SEP,), (0,)), 0, 0)
+    for template, expect_types in ((untyped, False), (PAIR, True)):
+        engine = TypesSeen()
+        model = RerankModel(engine, window=16, single=SINGLE, pair=template, cross_encoder=True)
+        scores = asyncio.run(rerank_scores(model, [7, 8], [[1, 2, 3], [4]], RerankOptions(raw_scores=True)))
+        specials = template.num_special_tokens
+        assert scores.tolist() == [3.0 + 2 + specials, 1.0 + 2 + specials]  # the pairs' lengths
+        (types,) = engine.types
+        if expect_types:
+            assert [t.tolist() for t in types] == [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
+        else:
+            assert types is None

@@ -26,7 +26,8 @@ def test_pair_template_matches_the_tokenizer_ids_and_types(minilm_tokenizer):
         minilm_tokenizer.encode(document, add_special_tokens=False).ids,
     )
     assert ids == expected.ids
-    assert type_ids == expected.type_ids
+    assert type_ids.tolist() == expected.type_ids and 1 in expected.type_ids
+    assert template.has_types
     assert template.num_special_tokens == 3
 
 
@@ -76,6 +77,7 @@ def test_judge_prompt_tokenizes_as_the_one_string_of_its_model_card():
             suffix = tokenizer.encode(QWEN3_JUDGE.suffix, add_special_tokens=False).ids
             assert ids == prefix + tokenizer.encode(text, add_special_tokens=False).ids + suffix, document
             assert set(types) == {0}
+    assert not template.has_types  # so the engine gets none
 
 
 CHAT_TEMPLATES = {
