@@ -48,7 +48,7 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
     try:
         wait_ready(url, process)
         helpers = children(process.pid)
-        texts = [f"admitted text {index} " + "about cats and dogs " * 20 for index in range(1500)]
+        texts = [f"admitted text {index} " + "about cats and dogs " * 20 for index in range(700)]
         admitted: dict = {}
 
         def send() -> None:
@@ -57,7 +57,7 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
 
         sender = threading.Thread(target=send)
         sender.start()
-        time.sleep(1.0)  # admitted and queued: about 100k tokens take the CPU engine several seconds
+        time.sleep(1.0)  # admitted and queued: about 90k tokens take the CPU engine several seconds
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         time.sleep(0.3)
