@@ -64,10 +64,17 @@ class RequestGuard:
         finally:
             self.times.add_tokenization(time.perf_counter() - started)
 
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.engine.shares_prefixes
+
     async def run(
-        self, token_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int] | None] | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> np.ndarray:
-        num_tokens = sum(map(len, token_ids))
+        num_tokens = sum(map(len, token_ids)) + (0 if prefix is None else len(prefix))
         if num_tokens > self.max_request_tokens:
             raise RequestTooLarge(num_tokens, self.max_request_tokens)
         backstop = self.deadline
@@ -77,7 +84,10 @@ class RequestGuard:
                 if estimate > self.timeout_s:
                     raise NeverInTime(estimate, self.timeout_s)
                 backstop = self.times.arrived + BACKSTOP_TIMEOUTS * self.timeout_s
-        work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
+        if prefix is None:
+            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
+        else:  # only an engine that shares_prefixes
+            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, prefix=prefix)
         watch = _Watch(work, self.receive, backstop)
         try:
             output = await work

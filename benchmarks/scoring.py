@@ -23,6 +23,9 @@ NUM_DOCUMENTS = (5, 25, 50)
 PAIR_TOKENS = 512
 SMOKE_PAIR_TOKENS = 128  # the judge's prompt alone takes about 80
 QUERY_WORDS = 12
+# the shared-prefix case: one query of about 40 tokens, 50 passages of 150 (smoke: 8 and 20)
+RAG_DOCUMENTS, RAG_QUERY_TOKENS, RAG_PASSAGE_TOKENS = 50, 40, 150
+SMOKE_RAG = (8, 20)
 MAX_SCORE_ERROR = 1e-2  # posy in bf16 against the baseline in fp32
 
 
@@ -60,11 +63,12 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     rng = random.Random(2)
     records, failures = [], []
 
-    def measure(case, model, tokenizer, baseline, query_ids, documents, context) -> None:
+    def measure(case, model, tokenizer, baseline, query_ids, documents, context, length) -> float | None:
+        """Times one case; its p50 in ms (None where the parity gate failed)."""
         texts = [model.prompts.document_text(document) for document in documents]
         docs_ids = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
         pairs = [model.pair.apply(query_ids, ids) for ids in docs_ids]
-        assert {len(ids) for ids, _ in pairs} == {pair_tokens}, "pairs of the wrong length"
+        assert {len(ids) for ids, _ in pairs} == {length}, "pairs of the wrong length"
         ids, types = [ids for ids, _ in pairs], [types for _, types in pairs]
 
         def score() -> np.ndarray:
@@ -79,7 +83,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         if error > MAX_SCORE_ERROR:
             print(f"{case}: max score error {error:.5f}: not timed")
             failures.append(f"{case}: score error {error:.4f} > {MAX_SCORE_ERROR}")
-            return
+            return None
         posy = timed(score, repeats, device)
         timed(lambda: baseline.score_ids(ids, types), 2, device)
         hf = timed(lambda: baseline.score_ids(ids, types), max(3, repeats // 4), device)
@@ -87,6 +91,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         records.append(context.record(case, "latency_p50_ms", posy_p50, "ms", hf_p50))
         records.append(context.record(case, "latency_p99_ms", 1000 * float(np.percentile(posy, 99)), "ms"))
         print(f"{case}: posy p50 {posy_p50:.2f} ms, HF {hf_p50:.2f} ms, max score error {error:.5f}")
+        return posy_p50
 
     models = [
         ("cross-encoder", save_bert, "smoke" if smoke else "bert-base", "bert-base-cross-encoder"),
@@ -106,11 +111,33 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         query_text = model.prompts.query_text(words(QUERY_WORDS, rng))
         query_ids = tokenizer.encode(query_text, add_special_tokens=False).ids
         document_tokens = pair_tokens - len(query_ids) - model.pair.num_special_tokens
+        # a causal judge runs each pair's template head and query once (shared prefixes): its cases also
+        # run without, and a RAG-sized one (a 40-token query, 150-token passages) shows the gain
+        sharing = (True, False) if engine.shares_prefixes else (True,)
+        cases = [(n, document_tokens, query_ids, pair_tokens) for n in NUM_DOCUMENTS]
+        if engine.shares_prefixes:
+            rag_query = model.prompts.query_text(words(SMOKE_RAG[0] if smoke else RAG_QUERY_TOKENS, rng))
+            rag_ids = tokenizer.encode(rag_query, add_special_tokens=False).ids
+            passage = SMOKE_RAG[1] if smoke else RAG_PASSAGE_TOKENS
+            cases.append(
+                (RAG_DOCUMENTS, passage, rag_ids, len(rag_ids) + passage + model.pair.num_special_tokens)
+            )
         try:
-            for num_documents in NUM_DOCUMENTS:
-                documents = [words(document_tokens, rng) for _ in range(num_documents)]
-                case = f"{name}-{num_documents}x{pair_tokens}"
-                measure(case, model, tokenizer, baseline, query_ids, documents, context)
+            for num_documents, document, query, length in cases:
+                documents = [words(document, rng) for _ in range(num_documents)]
+                case = f"{name}-{num_documents}x{length}"
+                p50 = {}
+                for shares in sharing:
+                    engine.shares_prefixes = shares
+                    label = case if shares else f"{case}-unshared"
+                    p50[shares] = measure(
+                        label, model, tokenizer, baseline, query, documents, context, length
+                    )
+                engine.shares_prefixes = sharing[0]
+                if len(p50) == 2 and None not in p50.values():
+                    speedup = p50[False] / p50[True]
+                    records.append(context.record(case, "shared_prefix_speedup", speedup, "x"))
+                    print(f"{case}: shared prefix {speedup:.2f}x the unshared run")
         finally:
             engine.stop()
     loop.close()

@@ -17,6 +17,9 @@ class PackedBatch:
     positions: torch.Tensor  # [num_tokens] int64, restarting at 0 for every sequence
     cu_seqlens: torch.Tensor  # [num_seqs + 1] int32, cumulative sequence lengths
     max_seqlen: int
+    # host [num_seqs] int64: the sequence of this batch whose tokens each sequence continues (a shared
+    # prefix, which precedes it and attends to itself only), -1 for none; None: no sequence has one
+    prefix_of: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -33,6 +36,7 @@ class PackedBatch:
             positions=self.positions.pin_memory(),
             cu_seqlens=self.cu_seqlens.pin_memory(),
             max_seqlen=self.max_seqlen,
+            prefix_of=self.prefix_of,
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -42,14 +46,18 @@ class PackedBatch:
             positions=self.positions.to(device, non_blocking=True),
             cu_seqlens=self.cu_seqlens.to(device, non_blocking=True),
             max_seqlen=self.max_seqlen,
+            prefix_of=self.prefix_of,  # read on the host, by the attention metadata
         )
 
 
 def pack(
     token_ids: Sequence[Sequence[int]],
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
+    prefix_of: Sequence[int] | None = None,
 ) -> PackedBatch:
-    """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros."""
+    """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
+    (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
+    length, and its keys are the prefix's, then its own (AttentionMetadata.build)."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -64,10 +72,30 @@ def pack(
     positions = np.arange(num_tokens, dtype=np.int64)
     if len(lengths) > 1:
         positions -= np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    prefixes = None if prefix_of is None else np.asarray(prefix_of, dtype=np.int64)
+    if prefixes is not None:
+        check_prefixes(prefixes, len(lengths))
+    if prefixes is not None and (prefixes < 0).all():
+        prefixes = None
+    if prefixes is not None:
+        offsets = np.where(prefixes >= 0, np.asarray(lengths)[np.maximum(prefixes, 0)], 0)
+        positions += np.repeat(offsets, lengths)
     flat_types = np.zeros(num_tokens, dtype=np.int64)
     if token_type_ids is not None:
         for start, types in zip(cu_seqlens[:-1].tolist(), token_type_ids):
             if types is not None:
                 flat_types[start : start + len(types)] = types
     tensors = (torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens))
-    return PackedBatch(*tensors, max_seqlen=max(lengths))
+    prefix_tensor = None if prefixes is None else torch.from_numpy(prefixes)
+    return PackedBatch(*tensors, max_seqlen=max(lengths), prefix_of=prefix_tensor)
+
+
+def check_prefixes(prefixes: np.ndarray, num_seqs: int) -> None:
+    """A prefix comes before the sequences that continue it and continues none itself."""
+    if prefixes.shape != (num_seqs,):
+        raise ValueError(f"prefix_of has {prefixes.shape[0]} entries for {num_seqs} sequences")
+    has = prefixes >= 0
+    if (prefixes[has] >= np.arange(num_seqs)[has]).any():
+        raise ValueError("a sequence's prefix must come before it in the batch")
+    if has.any() and (prefixes[prefixes[has]] >= 0).any():
+        raise ValueError("a prefix cannot itself continue a prefix")

@@ -64,6 +64,10 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
     engine.attention_backend = backend.name
+    # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
+    engine.shares_prefixes = backend.reads_key_layout and bool(
+        getattr(model.backbone.config, "causal", False)
+    )
     engine.start()
     return engine
 

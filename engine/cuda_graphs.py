@@ -138,7 +138,7 @@ class GraphCache:
 
     def key(self, batch: PackedBatch) -> GraphKey | None:
         token_bucket = self.config.token_bucket(batch.num_tokens)
-        if token_bucket is None:
+        if token_bucket is None or batch.prefix_of is not None:  # shared prefixes: a key layout, eager
             return None
         if self.config.cuda_graphs == "eager-warmup":
             # pre-warmed graphs have the most slots and the longest sequences: every batch finds one

@@ -72,6 +72,9 @@ class Engine:
         )
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
+        # runs sequences that continue a shared prefix (a causal model on a backend with key layouts);
+        # set by build_engine
+        self.shares_prefixes = False
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
@@ -110,21 +113,24 @@ class Engine:
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> np.ndarray:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
-        return (await self.enqueue(token_ids, token_type_ids)).rows
+        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
 
     def enqueue(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> asyncio.Future[EngineOutput]:
         """Queue the sequences now (refusals raise here) and return the future of their output, no task
         in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
-        refuses work the queue could not finish before it (BehindDeadline, a 429)."""
+        refuses work the queue could not finish before it (BehindDeadline, a 429). With `prefix`, each
+        sequence continues those tokens (where `shares_prefixes`): its row is that of prefix + sequence."""
         request = FutureRequest(len(token_ids), asyncio.get_running_loop())
-        self.submit(request, token_ids, token_type_ids, deadline)
+        self.submit(request, token_ids, token_type_ids, deadline, prefix)
         return request.future
 
     def submit(
@@ -133,6 +139,7 @@ class Engine:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> None:
         """Queue a request from any thread, or raise (Overloaded, SequenceTooLong, EngineStopped,
         ValueError) before anything is queued."""
@@ -142,7 +149,12 @@ class Engine:
         lengths = list(map(len, token_ids))
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
-        longest = max(lengths)
+        if prefix is not None:
+            if not self.shares_prefixes:
+                raise ValueError("this engine does not run shared prefixes")
+            if not prefix or token_type_ids is not None:
+                raise ValueError("a shared prefix has tokens, and its sequences no token types")
+        longest = max(lengths) + (0 if prefix is None else len(prefix))
         if longest > self.config.max_batch_tokens:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
@@ -150,7 +162,7 @@ class Engine:
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         self.scheduler.submit(
-            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths), deadline
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix), deadline
         )
 
     def _loop(self) -> None:
@@ -206,8 +218,11 @@ class Engine:
                 owner = sequence.owner
                 owner.started(launched_at)
         try:
+            prefix_of = [sequence.prefix_at for sequence in batch]
             packed = pack(
-                [sequence.token_ids for sequence in batch], [sequence.token_type_ids for sequence in batch]
+                [sequence.token_ids for sequence in batch],
+                [sequence.token_type_ids for sequence in batch],
+                prefix_of if max(prefix_of) >= 0 else None,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -231,9 +246,13 @@ class Engine:
         self._last_finished = finished
         if not np.isfinite(rows).all():
             logger.error("model produced non-finite outputs")
-        # a request's sequences sit side by side in a batch: one hand-over per request
+        # a request's sequences sit side by side in a batch (after its prefix, which has no row of the
+        # request's): one hand-over per request
         batch, start = in_flight.batch, 0
         while start < len(batch):
+            if batch[start].is_prefix:
+                start += 1
+                continue
             owner, end = batch[start].owner, start + 1
             while end < len(batch) and batch[end].owner is owner:
                 end += 1

@@ -70,6 +70,9 @@ def split_by_tokens(lengths: Sequence[int], chunk_tokens: int) -> list[tuple[int
 
 
 class ReplicaPool:
+    # the replica protocol carries no shared prefix yet: rerank sends a causal judge's whole pairs
+    shares_prefixes = False
+
     def __init__(self, endpoints: Sequence[str], chunk_tokens: int, max_sequence_tokens: int):
         self.endpoints = list(endpoints)
         self.chunk_tokens = chunk_tokens

@@ -24,7 +24,8 @@ class ModelRunner:
         output = self.graphs.run(batch) if self.graphs is not None else None
         if output is None:
             # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen).to(self.device)
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of)
+            meta = meta.to(self.device)
             if self.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copies below do not block the host
             output = self.model(batch.to(self.device), meta)

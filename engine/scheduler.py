@@ -26,6 +26,10 @@ class ScheduledSequence:
     # the request this sequence belongs to and its row in that request's result
     owner: object = None
     index: int = 0
+    # the batch position of the shared prefix this sequence continues (-1: none); a prefix itself has
+    # no row in its request's result
+    prefix_at: int = -1
+    is_prefix: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -38,13 +42,25 @@ class QueuedRequest:
     owner: object = None
     is_cancelled: Callable[[], bool] = field(default=lambda: False)
     lengths: list[int] = field(default_factory=list)  # filled from token_ids when left empty
+    # tokens every sequence continues (a judge's template and query): each batch that takes sequences of
+    # the request runs them once, before the first of them
+    prefix: Sequence[int] | None = None
     taken: int = 0  # sequences already in batches
-    remaining_tokens: int = 0
+    remaining_tokens: int = 0  # the prefix counted once, until a batch first takes it
 
     def __post_init__(self) -> None:
         if not self.lengths:
             self.lengths = [len(ids) for ids in self.token_ids]
-        self.remaining_tokens = sum(self.lengths)
+        self.remaining_tokens = sum(self.lengths) + self.prefix_length
+
+    @property
+    def prefix_length(self) -> int:
+        return 0 if self.prefix is None else len(self.prefix)
+
+    def take_prefix(self) -> ScheduledSequence:
+        if self.taken == 0:
+            self.remaining_tokens -= self.prefix_length
+        return ScheduledSequence(self.prefix, None, self.owner, -1, is_prefix=True)
 
     def take(self) -> ScheduledSequence:
         index = self.taken
@@ -132,6 +148,8 @@ class Scheduler:
     def _take_batch(self) -> list[ScheduledSequence]:
         batch: list[ScheduledSequence] = []
         num_tokens = 0
+        prefixed: QueuedRequest | None = None  # the request whose prefix is in the batch, at prefix_at
+        prefix_at = -1
         while self._queue and len(batch) < self.max_batch_seqs:
             head = self._queue[0]
             if head.is_cancelled():
@@ -139,11 +157,25 @@ class Scheduler:
                 self._queued_tokens -= head.remaining_tokens
                 continue
             length = head.lengths[head.taken]
+            # a request's prefix goes first, once a batch, before the first of its sequences there
+            needs_prefix = head.prefix is not None and prefixed is not head
+            if needs_prefix:
+                length += head.prefix_length
+                if batch and len(batch) + 2 > self.max_batch_seqs:
+                    break
             # a sequence above the budget (rejected upstream) still runs alone rather than block
             if batch and num_tokens + length > self.max_batch_tokens:
                 break
-            batch.append(head.take())
-            self._queued_tokens -= length
+            if needs_prefix:
+                before = head.remaining_tokens
+                batch.append(head.take_prefix())
+                self._queued_tokens -= before - head.remaining_tokens
+                prefixed, prefix_at = head, len(batch) - 1
+            sequence = head.take()
+            if head.prefix is not None:
+                sequence.prefix_at = prefix_at
+            batch.append(sequence)
+            self._queued_tokens -= head.lengths[sequence.index]
             num_tokens += length
             if head.done:
                 self._queue.popleft()

@@ -17,8 +17,14 @@ MAX_CHUNKS_PER_REQUEST = 10_000
 
 
 class SequenceRunner(Protocol):
+    # runs sequences that continue a shared `prefix` (a causal model): each row is that of prefix + sequence
+    shares_prefixes: bool
+
     async def run(
-        self, token_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int] | None] | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> np.ndarray: ...
 
 
@@ -69,7 +75,15 @@ async def rerank_scores(
         owners.extend([index] * len(doc_chunks))
         if len(chunks) > MAX_CHUNKS_PER_REQUEST:
             raise TooManyChunks(len(chunks), MAX_CHUNKS_PER_REQUEST)
-    if model.cross_encoder:
+    if model.cross_encoder and model.engine.shares_prefixes and not model.pair.has_types:
+        # a causal scorer: every pair starts with the template's head, the query and the template's
+        # middle, which the engine runs once a batch; each chunk and the template's tail continue it
+        pair = model.pair
+        prefix = [*pair.prefix.ids, *query_ids, *pair.middle.ids]
+        suffixes = [[*chunk, *pair.suffix.ids] for chunk in chunks]
+        logits = await model.engine.run(suffixes, None, prefix=prefix)
+        chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
+    elif model.cross_encoder:
         pairs = [model.pair.apply(query_ids, chunk) for chunk in chunks]
         # all-zero types (RoBERTa's pairs, a judge's) go as none: the engine packs zeros for them
         types = [types for _, types in pairs] if model.pair.has_types else None

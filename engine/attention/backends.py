@@ -170,6 +170,10 @@ def varlen_attention(
     if q.shape[1] % k.shape[1] != 0 or k.shape != v.shape:
         raise ValueError(f"bad attention shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     window = normalize_window(window, causal)
+    if meta.keys is not None:  # sequences that continue shared prefixes: each one's keys gathered
+        if not backend.reads_key_layout or bias is not None:
+            raise ValueError(f"attention backend {backend.name} cannot run shared prefixes")
+        k, v = k.index_select(0, meta.keys.index), v.index_select(0, meta.keys.index)
     if bias is None:
         return backend.forward(q, k, v, meta, causal, window, scale)
     if not backend.adds_position_bias:  # select_backend never picks one for such a model

@@ -23,6 +23,8 @@ class AttentionBackend:
     # graph-capturable: reads device tensors and an upper-bound max_seqlen, and whatever `prepare` planned
     graph_safe: bool = False
     adds_position_bias: bool = False  # adds a PositionBias to the scores (MPNet's relative positions)
+    # runs batches whose keys are laid out apart from their queries (meta.keys: shared prefixes)
+    reads_key_layout: bool = False
     head_dims: frozenset[int] | None = None  # None: any
     dtypes: frozenset[torch.dtype] | None = None  # None: any
     reason: str = ""  # why select_backend chose it, for the start-up log

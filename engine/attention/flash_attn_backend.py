@@ -19,6 +19,7 @@ def head_dims_for(major: int) -> frozenset[int]:
 class FlashAttnAttention(AttentionBackend):
     name = "flash-attn"
     graph_safe = True
+    reads_key_layout = True
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
     def __init__(self, compute_capability: tuple[int, int]) -> None:
@@ -43,15 +44,17 @@ class FlashAttnAttention(AttentionBackend):
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         left, right = window if window is not None else (-1, -1)
-        # FA4 spells an unbounded side None, not -1; it handles GQA itself
+        # FA4 spells an unbounded side None, not -1; it handles GQA itself. Shared prefixes: each
+        # sequence's keys are gathered (meta.keys), and its causal mask ends aligned
+        keys = meta.keys
         result = self._varlen(
             q,
             k,
             v,
             cu_seqlens_q=meta.cu_seqlens,
-            cu_seqlens_k=meta.cu_seqlens,
+            cu_seqlens_k=meta.cu_seqlens if keys is None else keys.cu_seqlens,
             max_seqlen_q=meta.max_seqlen,
-            max_seqlen_k=meta.max_seqlen,
+            max_seqlen_k=meta.max_seqlen if keys is None else keys.max_seqlen,
             softmax_scale=scale,
             causal=causal,
             window_size=(None if left < 0 else left, None if right < 0 else right),

@@ -91,6 +91,7 @@ def host_indptr(seqlens: tuple[int, ...]) -> torch.Tensor:
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     graph_safe = True  # in graph mode, planned by `prepare` before each replay
+    reads_key_layout = True  # eager batches: their key lengths planned apart from the queries'
     head_dims = frozenset({64, 128, 256})
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
@@ -112,6 +113,7 @@ class FlashInferAttention(AttentionBackend):
         self._batch: AttentionMetadata | None = None  # held, so identity cannot be reused by a new batch
         self._seqlens: tuple[int, ...] = ()
         self._indptr = host_indptr(())
+        self._kv_indptr = self._indptr
         self._num_tokens = 0
         self._planned: dict[PlanKey, Any] = {}
         self._graphs: dict[int, _GraphPlans] = {}  # by id(meta) of each CUDA graph's metadata
@@ -189,6 +191,8 @@ class FlashInferAttention(AttentionBackend):
             # a new batch: its host indptr once, and fresh plans in the other set of wrappers
             self._batch, self._seqlens = meta, meta.seqlens
             self._indptr = host_indptr(meta.seqlens)
+            # shared prefixes: each sequence's gathered keys; FlashInfer's causal mask ends aligned
+            self._kv_indptr = self._indptr if meta.keys is None else host_indptr(meta.keys.seqlens)
             self._num_tokens = int(self._indptr[-1])
             self._turn = 1 - self._turn
             self._planned = {}
@@ -206,7 +210,7 @@ class FlashInferAttention(AttentionBackend):
                 slot = slots[key] = _Slot(self._new_wrapper(), copied)
             if slot.copied is not None:
                 slot.copied.synchronize()  # returns at once while never recorded
-            self._plan(slot.wrapper, key, self._indptr)
+            self._plan(slot.wrapper, key, self._indptr, self._kv_indptr)
             if slot.copied is not None:
                 slot.copied.record(torch.cuda.current_stream(self.device))
             wrapper = self._planned[key] = slot.wrapper
@@ -217,10 +221,12 @@ class FlashInferAttention(AttentionBackend):
             self._workspace, kv_layout="NHD", backend=self.kernel
         )
 
-    def _plan(self, wrapper: Any, key: PlanKey, indptr: torch.Tensor) -> None:
+    def _plan(
+        self, wrapper: Any, key: PlanKey, indptr: torch.Tensor, kv_indptr: torch.Tensor | None = None
+    ) -> None:
         wrapper.plan(
             indptr,
-            indptr,
+            indptr if kv_indptr is None else kv_indptr,
             key.num_heads,
             key.num_kv_heads,
             key.head_dim,

@@ -4,7 +4,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+@dataclass(slots=True)
+class KeyLayout:
+    """The keys of a batch whose sequences continue shared prefixes: sequence i's keys are its prefix's
+    tokens, then its own, gathered into one packed key axis. A causal mask is then aligned at the end
+    (query j of an Lq-token sequence with Lk keys sees keys up to j + Lk - Lq), as FlashAttention's is."""
+
+    index: torch.Tensor  # [num_keys] int64: the token row of each key
+    cu_seqlens: torch.Tensor  # [num_seqs + 1] int32 over the keys
+    seqlens: tuple[int, ...]  # host copy of the key lengths
+    max_seqlen: int
+
+    def to(self, device: torch.device | str) -> KeyLayout:
+        return KeyLayout(
+            index=self.index.to(device, non_blocking=True),
+            cu_seqlens=self.cu_seqlens.to(device, non_blocking=True),
+            seqlens=self.seqlens,
+            max_seqlen=self.max_seqlen,
+        )
+
+    @classmethod
+    def build(cls, seqlens: tuple[int, ...], prefix_of: torch.Tensor) -> KeyLayout:
+        starts = np.concatenate([[0], np.cumsum(seqlens)[:-1]]).astype(np.int64)
+        pieces, key_lengths = [], []
+        for seq, prefix in enumerate(prefix_of.tolist()):
+            own = np.arange(starts[seq], starts[seq] + seqlens[seq])
+            if prefix >= 0:
+                own = np.concatenate([np.arange(starts[prefix], starts[prefix] + seqlens[prefix]), own])
+            pieces.append(own)
+            key_lengths.append(len(own))
+        cu_seqlens = np.concatenate([[0], np.cumsum(key_lengths)]).astype(np.int32)
+        return cls(
+            index=torch.from_numpy(np.concatenate(pieces)),
+            cu_seqlens=torch.from_numpy(cu_seqlens),
+            seqlens=tuple(key_lengths),
+            max_seqlen=max(key_lengths),
+        )
 
 
 @dataclass(slots=True)
@@ -16,6 +55,7 @@ class AttentionMetadata:
     runs: tuple[tuple[int, int, int], ...]
     segment_ids: torch.Tensor  # [num_tokens] int64, the sequence each token belongs to
     lengths: torch.Tensor  # [num_seqs] int64
+    keys: KeyLayout | None = None  # None: each sequence's keys are its own tokens
 
     @property
     def num_seqs(self) -> int:
@@ -33,11 +73,15 @@ class AttentionMetadata:
             runs=self.runs,
             segment_ids=self.segment_ids.to(device, non_blocking=True),
             lengths=self.lengths.to(device, non_blocking=True),
+            keys=None if self.keys is None else self.keys.to(device),
         )
 
     @classmethod
-    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int) -> AttentionMetadata:
-        """Build from cu_seqlens; pass a host tensor where there is one (reading lengths syncs a device)."""
+    def build(
+        cls, cu_seqlens: torch.Tensor, max_seqlen: int, prefix_of: torch.Tensor | None = None
+    ) -> AttentionMetadata:
+        """Build from cu_seqlens; pass a host tensor where there is one (reading lengths syncs a device).
+        `prefix_of` (PackedBatch's) gives sequences that continue shared prefixes their KeyLayout."""
         seqlens = tuple(int(n) for n in torch.diff(cu_seqlens.cpu()).tolist())
         runs: list[tuple[int, int, int]] = []
         start = 0
@@ -58,4 +102,5 @@ class AttentionMetadata:
             runs=tuple(runs),
             segment_ids=segment_ids.to(device, non_blocking=True),
             lengths=lengths.to(device, non_blocking=True),
+            keys=None if prefix_of is None else KeyLayout.build(seqlens, prefix_of).to(device),
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -10,12 +12,16 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.position_bias import PositionBias
 
 
-def window_mask(seqlen: int, window: Window, device: torch.device) -> torch.Tensor:
-    """Boolean [seqlen, seqlen] mask, True where a query may attend a key."""
+def window_mask(
+    seqlen: int, window: Window, device: torch.device, num_keys: int | None = None
+) -> torch.Tensor:
+    """Boolean [seqlen, num_keys] mask (num_keys None: seqlen), True where a query may attend a key; with
+    more keys than queries, the queries are the last of them (a shared prefix's continuation)."""
     left, right = window
-    query = torch.arange(seqlen, device=device)[:, None]
-    key = torch.arange(seqlen, device=device)[None, :]
-    allowed = torch.ones(seqlen, seqlen, dtype=torch.bool, device=device)
+    num_keys = seqlen if num_keys is None else num_keys
+    query = torch.arange(num_keys - seqlen, num_keys, device=device)[:, None]
+    key = torch.arange(num_keys, device=device)[None, :]
+    allowed = torch.ones(seqlen, num_keys, dtype=torch.bool, device=device)
     if left >= 0:
         allowed &= key >= query - left
     if right >= 0:
@@ -39,6 +45,7 @@ class TorchAttention(AttentionBackend):
     name = "torch"
     graph_safe = False  # splits the batch by the host-side runs of the metadata
     adds_position_bias = True
+    reads_key_layout = True
     head_dims = None
     dtypes = None
 
@@ -62,6 +69,10 @@ class TorchAttention(AttentionBackend):
         use_is_causal = causal and window is None and bias is None
         if causal and not use_is_causal:
             window = (window[0] if window is not None else -1, 0)
+        if meta.keys is not None:
+            if causal:
+                window = (window[0] if window is not None else -1, 0)
+            return continuations(q, k, v, meta, window, scale)
         out = q.new_empty(q.shape)
         masks: dict[int, torch.Tensor | None] = {}
         for first, num_seqs, seqlen in meta.runs:
@@ -77,3 +88,26 @@ class TorchAttention(AttentionBackend):
             )
             out[first:end].view(num_seqs, seqlen, num_heads, head_dim).copy_(run_out.transpose(1, 2))
         return out
+
+
+def continuations(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    window: Window | None,
+    scale: float | None,
+) -> torch.Tensor:
+    """Each sequence against its own keys (meta.keys: k and v already gathered), one at a time."""
+    out = q.new_empty(q.shape)
+    # from the host lengths: reading cu_seqlens on a device would sync it
+    query_starts = list(itertools.accumulate(meta.seqlens, initial=0))
+    key_starts = list(itertools.accumulate(meta.keys.seqlens, initial=0))
+    for seq, (seqlen, num_keys) in enumerate(zip(meta.seqlens, meta.keys.seqlens)):
+        queries = slice(query_starts[seq], query_starts[seq] + seqlen)
+        keys = slice(key_starts[seq], key_starts[seq] + num_keys)
+        mask = None if window is None else window_mask(seqlen, window, q.device, num_keys)
+        seq_q, seq_k, seq_v = (x.transpose(0, 1) for x in (q[queries], k[keys], v[keys]))
+        seq_out = F.scaled_dot_product_attention(seq_q, seq_k, seq_v, attn_mask=mask, scale=scale)
+        out[queries] = seq_out.transpose(0, 1)
+    return out

@@ -15,6 +15,7 @@ from engine.errors import AttentionBackendUnavailable
 class TorchVarlenAttention(AttentionBackend):
     name = "torch-varlen"
     graph_safe = True
+    reads_key_layout = True
     head_dims = frozenset(range(8, 257, 8))  # FlashAttention 2: multiples of 8 up to 256
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
@@ -60,14 +61,15 @@ class TorchVarlenAttention(AttentionBackend):
         # any upper bound of the lengths is correct; at least 2, because FlashAttention's one-token GQA
         # shortcut assumes every sequence has exactly one token, and zero-length padding slots break that
         max_seqlen = max(meta.max_seqlen, 2)
+        keys = meta.keys  # shared prefixes: each sequence's keys, gathered; its causal mask ends aligned
         return self._varlen_attn(
             q,
             k,
             v,
             meta.cu_seqlens,
-            meta.cu_seqlens,
+            meta.cu_seqlens if keys is None else keys.cu_seqlens,
             max_seqlen,
-            max_seqlen,
+            max_seqlen if keys is None else max(keys.max_seqlen, 2),
             scale=scale,
             window_size=window_size,
             **gqa,

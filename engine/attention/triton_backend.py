@@ -88,6 +88,10 @@ class TritonAttention(AttentionBackend):
             return self.name
         return f"{self.name}, sequences over {SHORT_SEQLEN} tokens on {self.long_sequences.name}"
 
+    @property
+    def reads_key_layout(self) -> bool:  # shared prefixes run on the long-sequence backend
+        return self.long_sequences is not None and self.long_sequences.reads_key_layout
+
     def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
         if self.long_sequences is not None and meta.max_seqlen > SHORT_SEQLEN:
             self.long_sequences.prepare(meta, cu_seqlens)
@@ -104,8 +108,10 @@ class TritonAttention(AttentionBackend):
         bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
-        if self.long_sequences is not None and meta.max_seqlen > SHORT_SEQLEN:
+        if self.long_sequences is not None and (meta.max_seqlen > SHORT_SEQLEN or meta.keys is not None):
             return self.long_sequences.forward(q, k, v, meta, causal, window, scale)
+        if meta.keys is not None:
+            raise ValueError("triton's packed kernel has no key layout (shared prefixes)")
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         out = torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -49,7 +49,7 @@ class Head(nn.Module):
         # with `skip_id` passes over trailing tokens of that id. A method that reads one row a sequence
         # has the backbone compute only those rows past its last attention, and finish only them
         if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of)
         if method == "last" and skip_id is not None:
             rows = last_kept_rows(meta, batch.input_ids, skip_id)
         elif method in ROW_POOLINGS:

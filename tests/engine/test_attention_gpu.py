@@ -325,3 +325,29 @@ def test_triton_runs_short_batches_itself_and_hands_longer_ones_on():
         out = run(backend, q, k, v, exact_meta(lengths))
         assert_matches(out, reference(q, k, v, lengths), lengths)
     assert calls == [SHORT_SEQLEN + 1]
+
+
+@pytest.mark.parametrize("name", ["torch-varlen", "flashinfer", "flash-attn", "triton"])
+@pytest.mark.parametrize("window", [None, 96])
+def test_shared_prefixes_match_the_torch_reference(name, window):
+    # two prefixes, each continued by several sequences, and a plain sequence between: every
+    # continuation's keys are its prefix's, then its own (the mask aligned at the end)
+    from engine.batch import pack
+
+    backend = backend_for(name, 16, 8, 128, causal=True, window=window)
+    lengths = [100, 150, 3, 260, 40, 57, 1, 512]
+    prefix_of = [-1, 0, 0, 0, -1, -1, 5, 5]
+    batch = pack([[0] * n for n in lengths], prefix_of=prefix_of)
+    meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of).to("cuda")
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (
+        torch.randn(sum(lengths), heads, 128, device="cuda", dtype=DTYPE, generator=generator)
+        for heads in (16, 8, 8)
+    )
+    got = varlen_attention(q, k, v, meta, backend=backend, causal=True, window=window)
+    want = varlen_attention(
+        q.float(), k.float(), v.float(), meta, backend=TorchAttention(), causal=True, window=window
+    )
+    for start, end in zip(meta.cu_seqlens.tolist(), meta.cu_seqlens.tolist()[1:]):
+        error = (got[start:end].float() - want[start:end]).norm() / want[start:end].norm()
+        assert error.item() <= TOLERANCE, (name, start, error.item())

@@ -109,3 +109,28 @@ def test_a_request_without_sequences_is_refused():
     with pytest.raises(ValueError, match="at least one sequence"):
         scheduler.submit(request("empty"))
     assert scheduler.next_batch(timeout=0) == []
+
+
+def test_a_shared_prefix_runs_once_in_each_batch_that_takes_its_sequences():
+    scheduler = Scheduler(max_batch_tokens=20, max_batch_seqs=10, max_queue_tokens=1000)
+    scheduler.submit(QueuedRequest([[0] * 4] * 5, owner="r", prefix=[1] * 6))
+    scheduler.submit(request("s", 3))
+    assert scheduler.queued_tokens == 6 + 5 * 4 + 3  # the prefix counted once while queued
+    first, second = scheduler.next_batch(timeout=0), scheduler.next_batch(timeout=0)
+    # 6 + 4 + 4 + 4 = 18 tokens; the next batch repeats the prefix before the last two, then takes s
+    assert [(s.is_prefix, s.index, s.prefix_at) for s in first] == [
+        (True, -1, -1),
+        *[(False, i, 0) for i in range(3)],
+    ]
+    assert [(s.is_prefix, s.index, s.prefix_at, s.owner) for s in second] == [
+        (True, -1, -1, "r"), (False, 3, 0, "r"), (False, 4, 0, "r"), (False, 0, -1, "s"),
+    ]  # fmt: skip
+    assert scheduler.queued_tokens == 0
+
+
+def test_a_prefix_and_its_first_sequence_fit_the_budget_together():
+    scheduler = Scheduler(max_batch_tokens=20, max_batch_seqs=10, max_queue_tokens=1000)
+    scheduler.submit(request("a", 8))
+    scheduler.submit(QueuedRequest([[0] * 5], owner="r", prefix=[1] * 8))
+    assert names(scheduler.next_batch(timeout=0)) == ["a"]  # 8 + 8 + 5 > 20
+    assert [s.is_prefix for s in scheduler.next_batch(timeout=0)] == [True, False]

@@ -44,6 +44,8 @@ def test_cosine_head_maps_to_unit_interval():
 class KeywordEmbedder:
     """Fake embedding engine: a sequence's vector says whether token 7 (the 'relevant' word) is in it."""
 
+    shares_prefixes = False
+
     def __init__(self):
         self.calls = []
 
@@ -54,6 +56,8 @@ class KeywordEmbedder:
 
 class PairCounter:
     """Fake cross-encoder: one logit = number of query tokens (type 0 content) found in the document part."""
+
+    shares_prefixes = False
 
     async def run(self, token_ids, token_type_ids=None):
         logits = []
@@ -103,6 +107,8 @@ def test_query_leaving_no_room_and_too_many_chunks_are_errors():
 class TypesSeen:
     """Fake cross-encoder that keeps the types each call received and scores by length."""
 
+    shares_prefixes = False
+
     def __init__(self):
         self.types = []
 
@@ -124,3 +130,32 @@ def test_pairs_without_types_reach_the_engine_as_none_and_bert_pairs_with_theirs
             assert [t.tolist() for t in types] == [[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
         else:
             assert types is None
+
+
+class PositionalScorer:
+    """Fake causal scorer: a sequence's logit weighs each token by its position, so a pair split
+    anywhere but at its true start scores differently; with `shares_prefixes`, each sequence continues
+    `prefix`."""
+
+    def __init__(self, shares_prefixes):
+        self.shares_prefixes = shares_prefixes
+        self.prefixes = []
+
+    async def run(self, token_ids, token_type_ids=None, prefix=None):
+        assert token_type_ids is None
+        self.prefixes.append(prefix)
+        head = list(prefix or ())
+        return np.array([[float(sum(i * t for i, t in enumerate(head + list(ids))))] for ids in token_ids])
+
+
+def test_a_causal_scorer_gets_the_template_head_and_query_once_and_scores_as_whole_pairs():
+    judge = PairTemplate(Piece((CLS, 2), (0, 0)), Piece((3,), (0,)), Piece((SEP, 4), (0, 0)), 0, 0)
+    query, docs = [7, 8, 9], [[1] * 30 + [7, 8], [9], [5, 6] * 3]
+    options = RerankOptions(raw_scores=True)
+    scores = {}
+    for shares in (False, True):
+        engine = PositionalScorer(shares)
+        model = RerankModel(engine, window=16, single=SINGLE, pair=judge, cross_encoder=True)
+        scores[shares] = asyncio.run(rerank_scores(model, query, docs, options))
+        assert engine.prefixes == [[CLS, 2, 7, 8, 9, 3] if shares else None]
+    assert scores[True].tolist() == scores[False].tolist()

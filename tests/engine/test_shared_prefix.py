@@ -1,0 +1,204 @@
+"""Shared prefixes: a batch runs a prefix's tokens once and each sequence that continues it attends to the
+prefix's keys and then its own, its positions going on from the prefix's length. Scores equal those of
+each full sequence alone (fp32, 1e-5), on a tiny random Qwen3 judge and a decoder sequence classifier."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, select_backend, varlen_attention
+from engine.batch import pack
+from tests.engine.test_decoder_parity import save_random_decoder
+from tests.engine.test_qwen3_parity import load, random_sequences, save_random_qwen3
+
+TOLERANCE = 1e-5
+
+
+def test_continuations_take_positions_after_their_prefix_and_its_keys_first():
+    batch = pack([[5, 6, 7], [8, 9], [10], [11, 12]], prefix_of=[-1, 0, -1, 0])
+    assert batch.positions.tolist() == [0, 1, 2, 3, 4, 0, 3, 4]
+    meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of)
+    assert meta.keys.seqlens == (3, 5, 1, 5)
+    assert meta.keys.index.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1, 2, 6, 7]
+    assert meta.keys.cu_seqlens.tolist() == [0, 3, 8, 9, 14]
+
+
+@pytest.mark.parametrize("prefix_of", [[0, -1], [-1, 1], [-1, 0, 1], [-1]])
+def test_a_prefix_comes_first_and_continues_nothing(prefix_of):
+    with pytest.raises(ValueError):
+        pack([[1, 2]] * 3 if len(prefix_of) == 3 else [[1, 2]] * 2, prefix_of=prefix_of)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_continuation_attends_as_the_tail_of_the_whole_sequence(window):
+    # one causal sequence of 7 + 9 tokens, and the same tokens as a prefix and its continuation: the
+    # continuation's rows are the whole sequence's last rows, with and without a sliding window
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(16, heads, 8) for heads in (4, 2, 2))
+    backend = select_backend("torch", "cpu")
+    whole = AttentionMetadata.build(torch.tensor([0, 16], dtype=torch.int32), 16)
+    expected = varlen_attention(q, k, v, whole, backend=backend, causal=True, window=window)
+    split = pack([[0] * 7, [0] * 9], prefix_of=[-1, 0])
+    meta = AttentionMetadata.build(split.cu_seqlens, split.max_seqlen, split.prefix_of)
+    got = varlen_attention(q, k, v, meta, backend=backend, causal=True, window=window)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def scores_both_ways(model, prefixes, suffixes_of, plain=()):
+    """Logits of [prefix, its suffixes...] groups (and plain sequences between them) packed with shared
+    prefixes, and of each full sequence packed on its own."""
+    sequences, prefix_of, wanted, full = [], [], [], []
+    for prefix, suffixes in zip(prefixes, suffixes_of):
+        sequences.append(prefix)
+        prefix_of.append(-1)
+        at = len(sequences) - 1
+        for suffix in suffixes:
+            wanted.append(len(sequences))
+            sequences.append(suffix)
+            prefix_of.append(at)
+            full.append(prefix + suffix)
+        for extra in plain:
+            wanted.append(len(sequences))
+            sequences.append(extra)
+            prefix_of.append(-1)
+            full.append(extra)
+    with torch.inference_mode():
+        shared = model(pack(sequences, prefix_of=prefix_of))[wanted]
+        alone = torch.cat([model(pack([ids])) for ids in full])
+    return shared, alone
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("judge")
+    save_random_qwen3(folder, "Qwen3ForCausalLM")
+    return load(folder)[1]
+
+
+@pytest.mark.parametrize(
+    "prefix_lengths, suffix_lengths",
+    [((1,), (1,)), ((9,), (1, 17, 4)), ((40,), (30, 2, 55, 12, 8)), ((5, 23), (9, 1, 31)), ((60,), (60,))],
+)
+def test_judge_scores_with_a_shared_prefix_equal_each_pair_alone(judge, prefix_lengths, suffix_lengths):
+    prefixes = random_sequences(prefix_lengths, seed=11)
+    suffixes = [random_sequences(suffix_lengths, seed=12 + n) for n in range(len(prefixes))]
+    shared, alone = scores_both_ways(judge, prefixes, suffixes, plain=random_sequences((13,), seed=9))
+    assert (shared - alone).abs().max().item() <= TOLERANCE
+
+
+def test_the_parity_fails_where_a_suffix_misses_its_prefix_or_sees_another(judge):
+    # what the parity test above would catch: a suffix scored without its prefix, or after another
+    # suffix, differs from its pair by far more than the tolerance
+    prefix, first, second = random_sequences((20, 15, 15), seed=21)
+    with torch.inference_mode():
+        pair = judge(pack([prefix + second]))[0]
+        without_prefix = judge(pack([second]))[0]
+        after_another = judge(pack([prefix + first + second]))[0]
+        shared = judge(pack([prefix, first, second], prefix_of=[-1, 0, 0]))[2]
+    assert (shared - pair).abs().max().item() <= TOLERANCE
+    assert (without_prefix - pair).abs().max().item() > 100 * TOLERANCE
+    assert (after_another - pair).abs().max().item() > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "architecture", ["Qwen2ForSequenceClassification", "MistralForSequenceClassification"]
+)
+def test_a_decoder_classifier_scores_continuations_as_whole_pairs(tmp_path, architecture):
+    save_random_decoder(tmp_path, architecture, num_labels=1)
+    _, model = load(tmp_path)
+    prefixes = random_sequences((17, 3), seed=31)
+    suffixes = [random_sequences((8, 25, 1), seed=32), random_sequences((40,), seed=33)]
+    shared, alone = scores_both_ways(model, prefixes, suffixes)
+    assert shared.shape == (4, 1)
+    assert (shared - alone).abs().max().item() <= TOLERANCE
+    assert np.ptp(alone.numpy()) > 100 * TOLERANCE  # the scores differ: the comparison can fail
+
+
+def test_the_engine_runs_a_request_with_a_prefix_as_its_whole_pairs_across_batches(judge):
+    import asyncio
+
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.runner import ModelRunner
+
+    # 20 prefix tokens and 50 suffixes of 10 to 30 under a 100-token budget: the scheduler cuts the
+    # request into many batches, each with the prefix once, and a plain request rides along
+    engine = Engine(ModelRunner(judge, torch.device("cpu")), EngineConfig(max_batch_tokens=100))
+    engine.shares_prefixes = True
+    engine.start()
+    prefix = random_sequences((20,), seed=41)[0]
+    lengths = np.random.default_rng(4).integers(10, 31, 50).tolist()
+    suffixes = random_sequences(lengths, seed=42)
+    plain = random_sequences((33, 7), seed=43)
+
+    async def both():
+        return await asyncio.gather(engine.run(suffixes, prefix=prefix), engine.run(plain))
+
+    try:
+        shared, plain_rows = asyncio.run(both())
+        whole = asyncio.run(engine.run([prefix + suffix for suffix in suffixes]))
+        alone = asyncio.run(engine.run(plain))
+    finally:
+        engine.stop()
+    assert shared.shape == (50, 2)
+    assert np.abs(shared - whole).max() <= TOLERANCE
+    assert np.abs(plain_rows - alone).max() <= TOLERANCE
+
+
+def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.runner import ModelRunner
+
+    engine = Engine(ModelRunner(judge, torch.device("cpu")), EngineConfig(max_batch_tokens=100))
+    engine.start()
+    try:
+        with pytest.raises(ValueError, match="shared prefixes"):
+            engine.submit(None, [[5, 6]], prefix=[7])
+    finally:
+        engine.stop()
+
+
+def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
+    from engine.build import build_engine
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+
+    save_random_qwen3(tmp_path / "judge", "Qwen3ForCausalLM")
+    save_random_qwen3(tmp_path / "bidirectional", "Qwen3Model", sentence_transformers="mean")
+    config = EngineConfig(device="cpu")
+    judge = build_engine(resolve_model(str(tmp_path / "judge")), config)
+    bidirectional = build_engine(resolve_model(str(tmp_path / "bidirectional"), bidirectional=True), config)
+    try:
+        assert judge.shares_prefixes and not bidirectional.shares_prefixes
+    finally:
+        judge.stop()
+        bidirectional.stop()
+
+
+@pytest.mark.gpu
+def test_on_cuda_in_bf16_continuations_score_as_their_whole_pairs(tmp_path):
+    # Qwen3-0.6B's heads (16/8, head dim 128) on the default backend: the shared-prefix batch's judge
+    # logits against the whole pairs' in the same dtype
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from engine.loader import load_model, resolve_model
+
+    save_random_qwen3(
+        tmp_path, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, intermediate_size=512, max_position_embeddings=1024,
+    )  # fmt: skip
+    spec = resolve_model(str(tmp_path))
+    shape = dict(num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    backend = select_backend("auto", "cuda", **shape)
+    if not backend.reads_key_layout:
+        pytest.skip(f"{backend.describe()} runs no shared prefixes here")
+    model = load_model(spec, "cuda", torch.bfloat16, backend)
+    prefixes = random_sequences((90,), seed=51)
+    suffixes = [random_sequences((150, 7, 300, 150), seed=52)]
+    with torch.inference_mode():
+        sequences = [prefixes[0], *suffixes[0]]
+        batch = pack(sequences, prefix_of=[-1, 0, 0, 0, 0])
+        shared = model(batch.to("cuda"))[1:].cpu()
+        whole = model(pack([prefixes[0] + s for s in suffixes[0]]).to("cuda")).cpu()
+    assert (shared - whole).abs().max().item() <= 0.05 * whole.abs().max().item()
