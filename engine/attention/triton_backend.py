@@ -144,7 +144,7 @@ class TritonAttention(AttentionBackend):
 # one program a (sequence, head): the tiles, for batches whose sequences are at most PER_SEQUENCE_SEQLEN
 # tokens and PER_SEQUENCE_MEAN on average (a CUDA graph's: its token bucket over its slots)
 PER_SEQUENCE_SEQLEN = 64
-PER_SEQUENCE_MEAN = 40
+PER_SEQUENCE_MEAN = 30
 PER_SEQUENCE_TILES = (64, 32, 4, 2, True)
 
 
@@ -153,13 +153,13 @@ def tile_config(
 ) -> tuple[int, int, int, int, bool]:
     """(query rows, key rows, warps, pipeline stages, one program a sequence) per program, the fastest
     swept on the H200 (16k-token batches, bf16, per layer). One program a (sequence, head), its queries
-    in one 64-row tile and each key and value read once, where the sequences fill that tile: 50 tokens
-    49.5 us against 61.2 for the best tiles of the packed axis (BERT-base's heads), 112 against 136
-    (Qwen3-0.6B's 16/8 heads, head dim 128), mixed 8..64 tokens 63.6 against 62.3; but 20-token
-    sequences 72.5 against 44.6. Otherwise tiles of the packed token axis: one-warp 16-row tiles for
-    sequences of at most 64 tokens and head dims up to 64 (50 tokens: 60 us against 66 for 64-row
-    tiles at head dim 64, 42 against 60 at 32; 20 tokens: 44 against 52), longer ones 64-row tiles
-    (100 tokens: 83 against 86; one of 128: 5.7 against 5.9)."""
+    in one 64-row tile and each key and value read once, no segment ids read, where the sequences fill
+    that tile: 50 tokens 43.5 us against 61.3 for the best tiles of the packed axis (BERT-base's heads),
+    83 against 102 (Qwen3-0.6B's 16/8 heads, head dim 128), mixed 8..64 tokens (31 on average) 53.9
+    against 62.4; but 20-token sequences 62.1 against 44.8. Otherwise tiles of the packed token axis:
+    one-warp 16-row tiles for sequences of at most 64 tokens and head dims up to 64 (50 tokens: 60 us
+    against 66 for 64-row tiles at head dim 64, 42 against 60 at 32; 20 tokens: 44 against 52), longer
+    ones 64-row tiles (100 tokens: 83 against 86; one of 128: 5.7 against 5.9)."""
     if max_seqlen <= PER_SEQUENCE_SEQLEN and num_tokens >= PER_SEQUENCE_MEAN * num_slots:
         return PER_SEQUENCE_TILES
     if max_seqlen <= 64 and head_dim <= 64:
@@ -209,7 +209,8 @@ def _triton_kernel():
             key_end = tl.minimum(key_end, last_row + window_right + 1)
         if window_left >= 0:
             key_start = tl.maximum(key_start, first_row - window_left)
-        segments = tl.load(segment_ptr + rows, mask=row_mask, other=-1)
+        if not PER_SEQUENCE:  # a program's keys are its one sequence's in PER_SEQUENCE: no ids to compare
+            segments = tl.load(segment_ptr + rows, mask=row_mask, other=-1)
         q = tl.load(
             q_ptr + rows.to(tl.int64)[:, None] * stride_qt + head * stride_qh + dims[None, :],
             mask=row_mask[:, None] & dim_mask[None, :],
@@ -221,9 +222,13 @@ def _triton_kernel():
         for block_start in range(key_start, key_end, BLOCK_N):
             keys = block_start + tl.arange(0, BLOCK_N)
             key_mask = keys < key_end
-            key_segments = tl.load(segment_ptr + keys, mask=key_mask, other=-2)
             k = tl.load(
                 k_ptr + keys.to(tl.int64)[:, None] * stride_kt + kv_head * stride_kh + dims[None, :],
+                mask=key_mask[:, None] & dim_mask[None, :],
+                other=0.0,
+            )
+            v = tl.load(  # issued with k, so that its latency hides behind the scores
+                v_ptr + keys.to(tl.int64)[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
                 mask=key_mask[:, None] & dim_mask[None, :],
                 other=0.0,
             )
@@ -231,7 +236,11 @@ def _triton_kernel():
             if HAS_BIAS:  # the table's column of each key's offset from its query
                 offsets = tl.minimum(tl.maximum(keys[None, :] - rows[:, None], -max_offset), max_offset)
                 scores += tl.load(bias_ptr + head * stride_bias_head + offsets + max_offset)
-            allowed = segments[:, None] == key_segments[None, :]
+            if PER_SEQUENCE:
+                allowed = tl.broadcast_to(key_mask[None, :], (BLOCK_M, BLOCK_N))
+            else:
+                key_segments = tl.load(segment_ptr + keys, mask=key_mask, other=-2)
+                allowed = segments[:, None] == key_segments[None, :]
             if window_right >= 0:
                 allowed &= keys[None, :] <= rows[:, None] + window_right
             if window_left >= 0:
@@ -242,11 +251,6 @@ def _triton_kernel():
             probabilities = tl.math.exp2(scores - safe_max[:, None])
             rescale = tl.math.exp2(row_max - safe_max)
             row_sum = row_sum * rescale + tl.sum(probabilities, axis=1)
-            v = tl.load(
-                v_ptr + keys.to(tl.int64)[:, None] * stride_vt + kv_head * stride_vh + dims[None, :],
-                mask=key_mask[:, None] & dim_mask[None, :],
-                other=0.0,
-            )
             acc = acc * rescale[:, None] + tl.dot(probabilities.to(v.dtype), v)
             row_max = new_max
         acc = acc / tl.where(row_sum == 0.0, 1.0, row_sum)[:, None]

@@ -91,7 +91,7 @@ CASES = [
     # (lengths, query heads, key/value heads, head dim, causal, window)
     ([5, 1, 17, 9, 64, 3], 4, 4, 32, False, None),  # every sequence <= 64 tokens: 16-row tiles
     ([5, 1, 17, 0, 9, 64, 3, 0], 4, 2, 32, True, None),  # and empty slots, as a graph's
-    ([50, 64, 41, 60, 33], 4, 4, 32, False, None),  # 40 or more on average: one program a sequence
+    ([50, 64, 41, 60, 33], 4, 4, 32, False, None),  # 30 or more on average: one program a sequence
     ([50, 64, 0, 60, 58, 7, 64], 4, 2, 64, True, None),
     ([50, 64, 0, 60, 58], 2, 1, 128, False, (8, 4)),
     ([100, 1, 30, 128, 2], 4, 2, 64, False, None),  # longer ones: 64-row tiles spanning sequences
