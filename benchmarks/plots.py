@@ -84,10 +84,12 @@ def draw_scoring(records: Records, axes) -> bool:
     p50 = _values(records, "latency_p50_ms")
     if not p50:
         return False
-    models = sorted({case.rsplit("-", 1)[0] for case in p50})
+    # the default path's 512-token pairs (not the shared-prefix comparison's cases)
+    plotted = [case for case in p50 if case.endswith("x512")]
+    models = sorted({case.rsplit("-", 1)[0] for case in plotted})
     for ax, model in zip(axes, models):
         cases = sorted(
-            (case for case in p50 if case.startswith(model + "-")),
+            (case for case in plotted if case.startswith(model + "-")),
             key=lambda c: int(c.split("-")[-1].split("x")[0]),
         )
         documents = [int(case.split("-")[-1].split("x")[0]) for case in cases]

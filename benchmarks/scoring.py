@@ -113,9 +113,10 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         document_tokens = pair_tokens - len(query_ids) - model.pair.num_special_tokens
         # a causal judge runs each pair's template head and query once (shared prefixes): its cases also
         # run without, and a RAG-sized one (a 40-token query, 150-token passages) shows the gain
-        sharing = (True, False) if engine.shares_prefixes else (True,)
+        default = engine.shares_prefixes
+        sharing = (True, False) if engine.runs_prefixes else (default,)
         cases = [(n, document_tokens, query_ids, pair_tokens) for n in NUM_DOCUMENTS]
-        if engine.shares_prefixes:
+        if engine.runs_prefixes:
             rag_query = model.prompts.query_text(words(SMOKE_RAG[0] if smoke else RAG_QUERY_TOKENS, rng))
             rag_ids = tokenizer.encode(rag_query, add_special_tokens=False).ids
             passage = SMOKE_RAG[1] if smoke else RAG_PASSAGE_TOKENS
@@ -129,15 +130,15 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
                 p50 = {}
                 for shares in sharing:
                     engine.shares_prefixes = shares
-                    label = case if shares else f"{case}-unshared"
+                    label = f"{case}-shared" if shares and len(sharing) == 2 else case
                     p50[shares] = measure(
                         label, model, tokenizer, baseline, query, documents, context, length
                     )
-                engine.shares_prefixes = sharing[0]
+                engine.shares_prefixes = default
                 if len(p50) == 2 and None not in p50.values():
                     speedup = p50[False] / p50[True]
                     records.append(context.record(case, "shared_prefix_speedup", speedup, "x"))
-                    print(f"{case}: shared prefix {speedup:.2f}x the unshared run")
+                    print(f"{case}: shared prefix {speedup:.2f}x the whole pairs")
         finally:
             engine.stop()
     loop.close()

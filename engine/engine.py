@@ -72,8 +72,9 @@ class Engine:
         )
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
-        # runs sequences that continue a shared prefix (a causal model on a backend with key layouts);
-        # set by build_engine
+        # runs sequences that continue a shared prefix (a causal model on a backend with key layouts),
+        # and whether rerank should send them so (shares_prefixes); both set by build_engine
+        self.runs_prefixes = False
         self.shares_prefixes = False
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
@@ -128,7 +129,7 @@ class Engine:
         """Queue the sequences now (refusals raise here) and return the future of their output, no task
         in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
         refuses work the queue could not finish before it (BehindDeadline, a 429). With `prefix`, each
-        sequence continues those tokens (where `shares_prefixes`): its row is that of prefix + sequence."""
+        sequence continues those tokens (where `runs_prefixes`): its row is that of prefix + sequence."""
         request = FutureRequest(len(token_ids), asyncio.get_running_loop())
         self.submit(request, token_ids, token_type_ids, deadline, prefix)
         return request.future
@@ -150,7 +151,7 @@ class Engine:
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         if prefix is not None:
-            if not self.shares_prefixes:
+            if not self.runs_prefixes:
                 raise ValueError("this engine does not run shared prefixes")
             if not prefix or token_type_ids is not None:
                 raise ValueError("a shared prefix has tokens, and its sequences no token types")

@@ -37,13 +37,16 @@ def test_scoring_suite_times_every_document_count_for_both_models():
     outcome = smoke(scoring, "scoring")
     assert outcome.failures == []
     cases = {record.case for record in outcome.records if record.metric == "latency_p50_ms"}
-    assert cases == {
-        f"{model}-{count}x128"
-        for model in ("bert-base-cross-encoder", "qwen3-reranker-0.6b")
-        for count in (5, 25, 50)
+    judge = "qwen3-reranker-0.6b"
+    # the causal judge's cases also with shared prefixes, and the 40-token query's (smoke: 8 passages)
+    judge_cases = {f"{judge}-{count}x128" for count in (5, 25, 50)} | {f"{judge}-50x{94}"}
+    assert cases == {f"bert-base-cross-encoder-{count}x128" for count in (5, 25, 50)} | judge_cases | {
+        f"{case}-shared" for case in judge_cases
     }
+    speedups = {record.case for record in outcome.records if record.metric == "shared_prefix_speedup"}
+    assert speedups == judge_cases
     errors = [record.value for record in outcome.records if record.metric == "max_score_error_vs_fp32"]
-    assert len(errors) == 6 and max(errors) <= 1e-4
+    assert len(errors) == 3 + 2 * len(judge_cases) and max(errors) <= 1e-4
 
 
 def record(suite, case, metric, value, baseline=None):
