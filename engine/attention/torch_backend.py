@@ -66,12 +66,11 @@ class TorchAttention(AttentionBackend):
             k = k.repeat_interleave(num_heads // k.shape[1], dim=1)
             v = v.repeat_interleave(num_heads // v.shape[1], dim=1)
         # a causal mask without a window or bias is SDPA's own is_causal; else an explicit mask says it
-        use_is_causal = causal and window is None and bias is None
+        # (SDPA's is_causal aligns at the start, so continuations of shared prefixes say it by a mask too)
+        use_is_causal = causal and window is None and bias is None and meta.keys is None
         if causal and not use_is_causal:
             window = (window[0] if window is not None else -1, 0)
         if meta.keys is not None:
-            if causal:
-                window = (window[0] if window is not None else -1, 0)
             return continuations(q, k, v, meta, window, scale)
         out = q.new_empty(q.shape)
         masks: dict[int, torch.Tensor | None] = {}

@@ -110,8 +110,6 @@ class TritonAttention(AttentionBackend):
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
         if self.long_sequences is not None and (meta.max_seqlen > SHORT_SEQLEN or meta.keys is not None):
             return self.long_sequences.forward(q, k, v, meta, causal, window, scale)
-        if meta.keys is not None:
-            raise ValueError("triton's packed kernel has no key layout (shared prefixes)")
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
