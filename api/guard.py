@@ -35,15 +35,21 @@ class Enqueuing(Protocol):
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> asyncio.Future[EngineOutput]: ...
 
     def estimate_seconds(self, num_tokens: int) -> float | None: ...
 
+    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool: ...
+
+    def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int: ...
+
 
 class RequestGuard:
     """Stands in for the engine (a SequenceRunner) during one request. `run` refuses more than
-    max_request_tokens, and work that would outlast --request-timeout even on an idle engine, before
-    anything is queued; the engine refuses (429) what its queue could not finish in the time left. Then
+    max_request_tokens over the request's runs (counted as the engine will run them: a shared prefix once
+    a batch), and work that would outlast --request-timeout even on an idle engine, before anything is
+    queued; the engine refuses (429) what its queue could not finish in the time left. Then
     it waits until the rows come, the client disconnects (499) or the backstop passes (504: the timeout
     where the engine had no estimate to admit by, BACKSTOP_TIMEOUTS of it where it had), whichever is
     first; the last two cancel the engine's future, and the scheduler drops what is not yet batched."""
@@ -55,6 +61,8 @@ class RequestGuard:
         self.timeout_s = config.request_timeout
         self.times = times_of(request.scope)
         self.deadline = self.times.arrived + self.timeout_s if self.timeout_s > 0 else None
+        self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
+        self.num_tokens = 0  # the tokens the model ran for the request (its usage)
 
     async def tokenized(self, tokenizing: Awaitable[T]) -> T:
         """`await tokenizing`, its time counted as the request's tokenization."""
@@ -64,9 +72,8 @@ class RequestGuard:
         finally:
             self.times.add_tokenization(time.perf_counter() - started)
 
-    @property
-    def shares_prefixes(self) -> bool:
-        return self.engine.shares_prefixes
+    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
+        return self.engine.shares_prefix(prefix_length, lengths)
 
     async def run(
         self,
@@ -74,9 +81,11 @@ class RequestGuard:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         prefix: Sequence[int] | None = None,
     ) -> np.ndarray:
-        num_tokens = sum(map(len, token_ids)) + (0 if prefix is None else len(prefix))
-        if num_tokens > self.max_request_tokens:
-            raise RequestTooLarge(num_tokens, self.max_request_tokens)
+        lengths = list(map(len, token_ids))
+        num_tokens = sum(lengths) if prefix is None else self.engine.tokens_to_run(lengths, len(prefix))
+        self.num_tokens_asked += num_tokens
+        if self.num_tokens_asked > self.max_request_tokens:
+            raise RequestTooLarge(self.num_tokens_asked, self.max_request_tokens)
         backstop = self.deadline
         if self.deadline is not None:
             estimate = self.engine.estimate_seconds(num_tokens)
@@ -86,7 +95,7 @@ class RequestGuard:
                 backstop = self.times.arrived + BACKSTOP_TIMEOUTS * self.timeout_s
         if prefix is None:
             work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
-        else:  # only an engine that shares_prefixes
+        else:  # only where the engine shares_prefix
             work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, prefix=prefix)
         watch = _Watch(work, self.receive, backstop)
         try:
@@ -98,6 +107,7 @@ class RequestGuard:
         finally:
             watch.stop()
         self.times.add_engine(output.queue_s, output.inference_s)
+        self.num_tokens += output.num_tokens
         return output.rows
 
 

@@ -26,9 +26,9 @@ class RequestTimes:
 
     def add_engine(self, queue_s: float, inference_s: float) -> None:
         """One engine call's stages; a request that calls the engine more than once (vLLM's /score with
-        several queries) waits on each in turn."""
-        self.queue_s = queue_s + (self.queue_s or 0.0)
-        self.inference_s = inference_s + (self.inference_s or 0.0)
+        several queries) calls it for all at once, and waits as long as the slowest call."""
+        self.queue_s = max(queue_s, self.queue_s or 0.0)
+        self.inference_s = max(inference_s, self.inference_s or 0.0)
 
     def stages(self) -> tuple[tuple[str, float], ...]:
         """(stage, seconds) of the stages this request went through."""

@@ -1,5 +1,5 @@
-"""`python -m benchmarks.variants [attention] [host] [tiles] [gemm]` (CUDA): the variants behind the
-engine's choices, side by side in one device call; printed, not recorded.
+"""`python -m benchmarks.variants [attention] [host] [tiles] [gemm] [prefixes]` (CUDA): the variants
+behind the engine's choices, side by side in one device call; printed, not recorded.
 
 attention: microseconds a layer (CUDA-graph replays, median) of each attention backend that loads here:
 FlashAttention 2 (torch-varlen), triton's packed kernel on every length, FA3 (flashinfer, in graph mode
@@ -10,7 +10,10 @@ host: where ModelRunner.step's host time goes on a graph replay (pack, stage, pr
 replay launch, LazyTensor set-up, then the wait; and the side-stream set-up LazyTensor had before
 HostBuffers), BERT-base and Qwen3-0.6B shapes.
 tiles: triton's packed kernel on short sequences in each of a few tiles, one program a sequence or not.
-gemm: the layer GEMMs at small M, cuBLAS against a plain Triton tile kernel."""
+gemm: the layer GEMMs at small M, cuBLAS against a plain Triton tile kernel.
+prefixes: a causal judge's request (Qwen3-Reranker-0.6B's shape, the default engine config, lazy CUDA
+graphs) as continuations of its shared prefix against whole sequences, over prefix, passage and document
+counts: the data behind engine/prefixes.py's rule."""
 
 from __future__ import annotations
 
@@ -286,9 +289,54 @@ def side_stream_copy(rows, stream) -> None:
     torch.cuda.current_stream().wait_event(copied)
 
 
+# (prefix tokens, passages, passage tokens)
+PREFIX_CASES = [(p, n, s) for p in (20, 60, 120) for n in (2, 5, 50) for s in (30, 150, 400)]
+
+
+def prefixes() -> None:
+    import asyncio
+
+    from benchmarks.checkpoints import save_qwen3
+    from benchmarks.engine import random_sequences
+    from benchmarks.timing import timed
+    from engine.build import build_engine
+    from engine.config import sized_for
+    from engine.loader import resolve_model
+
+    spec = resolve_model(str(save_qwen3(Path(tempfile.mkdtemp()), "qwen3-0.6b", "judge").folder))
+    engine = build_engine(spec, sized_for(spec.max_seq_length, "cuda", "bfloat16"))
+    loop = asyncio.new_event_loop()
+
+    def p50_ms(*args, **options) -> float:
+        def run():
+            return loop.run_until_complete(engine.run(*args, **options))
+
+        for _ in range(3):  # eager, capture, replay
+            run()
+        return 1000 * statistics.median(timed(run, 15, "cuda"))
+
+    try:
+        for seed, (prefix_length, num_passages, passage_length) in enumerate(PREFIX_CASES):
+            prefix = random_sequences([prefix_length], 2 * seed)[0]
+            passages = random_sequences([passage_length] * num_passages, 2 * seed + 1)
+            shared = p50_ms(passages, prefix=prefix)
+            whole = p50_ms([prefix + passage for passage in passages])
+            saved = (num_passages - 1) * prefix_length / (num_passages * (prefix_length + passage_length))
+            case = f"prefix {prefix_length} + {num_passages} x {passage_length}"
+            print(
+                f"{case}: saves {saved:.1%} of the tokens; shared {shared:.2f} ms, whole {whole:.2f} ms, "
+                f"{whole / shared:.2f}x",
+                flush=True,
+            )
+    finally:
+        engine.stop()
+        loop.close()
+
+
 def main(argv: list[str]) -> None:
+    parts = {"attention": attention, "host": host, "tiles": tiles, "gemm": gemm, "prefixes": prefixes}
     for part in argv or ["attention", "host", "tiles", "gemm"]:
-        {"attention": attention, "host": host, "tiles": tiles, "gemm": gemm}[part]()
+        parts[part]()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
 from engine.models.registry import spec_entry
+from engine.prefixes import MIN_SAVED_SHARE
 from engine.progress import progress
 from engine.runner import ModelRunner
 
@@ -64,18 +65,14 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
     engine.attention_backend = backend.name
-    # a causal model's sequences may continue a prefix they share, where the backend lays keys apart.
-    # Rerank sends them so only where the engine runs eagerly anyway: a shared-prefix batch has no CUDA
-    # graph yet, and its eager step is host-bound (H200, Qwen3-Reranker-0.6B shape, 40-token query and
-    # 50 passages of 150 tokens: 25.7 ms against 25.1 whole pairs from graphs; 5 x 512 24.2 against 6.2)
+    # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
+    # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
     causal = bool(getattr(model.backbone.config, "causal", False))
-    engine.runs_prefixes = backend.reads_key_layout and causal
-    engine.shares_prefixes = engine.runs_prefixes and graphs is None
+    engine.runs_prefixes = engine.shares_prefixes = backend.reads_key_layout and causal
     if engine.runs_prefixes:
         logger.info(
-            "%s: rerank pairs %s their shared prefix once a batch%s", spec.name,
-            "run" if engine.shares_prefixes else "do not run",
-            "" if engine.shares_prefixes else " (its batches have no CUDA graphs yet)",
+            "%s: a rerank's pairs run their shared prefix (template and query) once a batch where that "
+            "saves at least %.0f%% of their tokens", spec.name, 100 * MIN_SAVED_SHARE,
         )  # fmt: skip
     engine.start()
     return engine

@@ -65,6 +65,14 @@ class EngineConfig:
         largest = -(-self.max_batch_tokens // LARGE_TOKEN_STEP) * LARGE_TOKEN_STEP
         return bucket if bucket <= largest else None
 
+    @staticmethod
+    def key_bucket(num_keys: int) -> int:
+        """The gathered keys a graph of shared-prefix batches holds (every sequence's prefix and own keys,
+        the dummies' own): rounded as token buckets are, with no largest (an index entry costs its gather
+        only)."""
+        step = SMALL_TOKEN_STEP if num_keys <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
+        return -(-num_keys // step) * step
+
     def sequence_bucket(self, num_slots: int, token_bucket: int) -> int:
         """Sequence slots of a graph for `num_slots` real and dummy sequences: a power of two up to
         SLOT_STEP, then a multiple of it (each empty slot still costs attention a thread block per

@@ -2,7 +2,9 @@
 captured lazily into one shared memory pool; attention metadata lives in fixed-address buffers so a
 graph replays with new lengths, and a backend that plans on the host (flashinfer) is handed each
 replay's lengths first (`AttentionBackend.prepare`). A batch is padded with zero-length slots and dummy
-sequences over the tail tokens, none longer than the length bucket."""
+sequences over the tail tokens, none longer than the length bucket. A batch whose sequences continue shared
+prefixes has graphs of its own, keyed also by a bucket of its gathered keys (KeyLayout): the gather index and
+the key cu_seqlens are then fixed-address buffers too."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention.metadata import KeyLayout, gather_keys
 from engine.batch import PackedBatch
 from engine.config import (
     LARGE_TOKEN_STEP,
@@ -27,7 +30,8 @@ from engine.progress import progress
 
 logger = logging.getLogger(__name__)
 
-GraphKey = tuple[int, int, int]  # (token bucket, sequence slots, sequence-length bucket)
+# (token bucket, sequence slots, sequence-length bucket, key bucket: 0 where the batch has no key layout)
+GraphKey = tuple[int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -35,21 +39,30 @@ class _StaticInputs:
     """Device buffers a graph reads, filled by one host-to-device copy per step from a pinned
     staging buffer laid out the same way."""
 
-    # [4 * num_tokens + 2 * num_slots + 1] int64: ids | types | positions | segments | lengths | cu_seqlens
+    # int64: ids | types | positions | segments [num_tokens each] | lengths [num_slots] | cu_seqlens
+    # [num_slots + 1], then with a key layout: key index [num_keys] | key cu_seqlens [num_slots + 1]
     ints: torch.Tensor
-    cu_seqlens_int64: torch.Tensor  # a view of the tail of `ints`
-    cu_seqlens: torch.Tensor  # [num_slots + 1] int32, filled from the view inside the graph
+    # (a view of `ints`, the int32 buffer filled from it inside the graph): cu_seqlens, key cu_seqlens
+    narrowed: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     batch: PackedBatch
     meta: AttentionMetadata
 
     @classmethod
     def allocate(cls, key: GraphKey, device: torch.device) -> _StaticInputs:
-        num_tokens, num_slots, max_seqlen = key
+        num_tokens, num_slots, max_seqlen, num_keys = key
         ints = torch.zeros(staging_size(key), dtype=torch.int64, device=device)
         cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         ids, types, positions, segments = ints[: 4 * num_tokens].view(4, num_tokens).unbind(0)
         lengths = ints[4 * num_tokens : 4 * num_tokens + num_slots]
         batch = PackedBatch(ids, types, positions, cu_seqlens, max_seqlen)
+        narrowed = [(ints[_cu_seqlens_range(key)], cu_seqlens)]
+        keys = None
+        if num_keys:
+            key_cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+            narrowed.append((ints[_key_cu_seqlens_range(key)], key_cu_seqlens))
+            index = ints[_key_index_range(key)]
+            # max_seqlen: the length bucket bounds every sequence's keys, its prefix's included
+            keys = KeyLayout(index, key_cu_seqlens, seqlens=(0,) * num_slots, max_seqlen=max_seqlen)
         # only graph-safe backends run here: they read cu_seqlens and max_seqlen (an upper bound)
         meta = AttentionMetadata(
             cu_seqlens=cu_seqlens,
@@ -58,20 +71,42 @@ class _StaticInputs:
             runs=(),
             segment_ids=segments,
             lengths=lengths,
+            keys=keys,
         )
-        return cls(ints, ints[4 * num_tokens + num_slots :], cu_seqlens, batch, meta)
+        return cls(ints, tuple(narrowed), batch, meta)
+
+
+def _cu_seqlens_range(key: GraphKey) -> slice:
+    num_tokens, num_slots, _, _ = key
+    start = 4 * num_tokens + num_slots
+    return slice(start, start + num_slots + 1)
+
+
+def _key_index_range(key: GraphKey) -> slice:
+    num_tokens, num_slots, _, num_keys = key
+    start = 4 * num_tokens + 2 * num_slots + 1
+    return slice(start, start + num_keys)
+
+
+def _key_cu_seqlens_range(key: GraphKey) -> slice:
+    _, num_slots, _, num_keys = key
+    start = _key_index_range(key).stop
+    return slice(start, start + num_slots + 1 if num_keys else start)
 
 
 def host_cu_seqlens(ints: np.ndarray, key: GraphKey) -> torch.Tensor:
     """The int64 cu_seqlens of a staging layout, a view: valid until the staging buffer is written
     again (a backend that keeps it copies it)."""
-    num_tokens, num_slots, _ = key
-    return torch.from_numpy(ints[4 * num_tokens + num_slots :])
+    return torch.from_numpy(ints[_cu_seqlens_range(key)])
+
+
+def host_key_cu_seqlens(ints: np.ndarray, key: GraphKey) -> torch.Tensor | None:
+    """The int64 key cu_seqlens of a staging layout with a key layout (a view, as above); None without."""
+    return torch.from_numpy(ints[_key_cu_seqlens_range(key)]) if key[3] else None
 
 
 def staging_size(key: GraphKey) -> int:
-    num_tokens, num_slots, _ = key
-    return 4 * num_tokens + 2 * num_slots + 1
+    return _key_cu_seqlens_range(key).stop
 
 
 def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
@@ -82,14 +117,15 @@ def num_dummies(num_tokens: int, token_bucket: int, max_seqlen: int) -> int:
 def stage(batch: PackedBatch, key: GraphKey, out: np.ndarray | None = None) -> np.ndarray:
     """The staging layout of `batch` padded to `key` (into `out` when given): real sequences,
     zero-length slots, then the dummy sequences over the tail tokens (they soak up the padding and
-    are never read back)."""
-    num_tokens, num_slots, max_seqlen = key
+    are never read back). With a key bucket, each slot's keys: its prefix's rows then its own (a dummy's
+    own only), the index's tail pointing at row 0 and read by no slot."""
+    num_tokens, num_slots, max_seqlen, num_keys = key
     real_tokens, real_seqs = batch.num_tokens, batch.num_seqs
     dummies = num_dummies(real_tokens, num_tokens, max_seqlen)
     ints = np.empty(staging_size(key), dtype=np.int64) if out is None else out
     ids, types, positions, segments = ints[: 4 * num_tokens].reshape(4, num_tokens)
     slot_lengths = ints[4 * num_tokens : 4 * num_tokens + num_slots]
-    cu_seqlens = ints[4 * num_tokens + num_slots :]
+    cu_seqlens = ints[_cu_seqlens_range(key)]
     cu_seqlens[:] = real_tokens
     cu_seqlens[: real_seqs + 1] = batch.cu_seqlens.numpy()
     cu_seqlens[num_slots - dummies : num_slots] = np.arange(real_tokens, num_tokens, max_seqlen)
@@ -100,6 +136,16 @@ def stage(batch: PackedBatch, key: GraphKey, out: np.ndarray | None = None) -> n
     ids[real_tokens:] = types[real_tokens:] = positions[real_tokens:] = 0
     np.subtract(cu_seqlens[1:], cu_seqlens[:-1], out=slot_lengths)
     segments[:] = np.repeat(np.arange(num_slots), slot_lengths)
+    if num_keys:
+        prefix_of = np.full(num_slots, -1, dtype=np.int64)
+        if batch.prefix_of is not None:
+            prefix_of[:real_seqs] = batch.prefix_of.numpy()
+        index, key_lengths = gather_keys(cu_seqlens[:-1], slot_lengths, prefix_of)
+        key_index, key_cu_seqlens = ints[_key_index_range(key)], ints[_key_cu_seqlens_range(key)]
+        key_index[: index.shape[0]] = index  # raises where the bucket is too small
+        key_index[index.shape[0] :] = 0
+        key_cu_seqlens[0] = 0
+        np.cumsum(key_lengths, out=key_cu_seqlens[1:])
     # zero-length slots divide by one in mean pooling, never by zero
     np.maximum(slot_lengths, 1, out=slot_lengths)
     return ints
@@ -138,20 +184,37 @@ class GraphCache:
 
     def key(self, batch: PackedBatch) -> GraphKey | None:
         token_bucket = self.config.token_bucket(batch.num_tokens)
-        if token_bucket is None or batch.prefix_of is not None:  # shared prefixes: a key layout, eager
+        if token_bucket is None:
             return None
+        if batch.prefix_of is not None:
+            return self.key_layout_key(batch, token_bucket)
         if self.config.cuda_graphs == "eager-warmup":
             # pre-warmed graphs have the most slots and the longest sequences: every batch finds one
             return self.warm_key(token_bucket)
         seqlen = self.config.seqlen_bucket(batch.max_seqlen, self.largest_seqlen_bucket)
         num_slots = batch.num_seqs + num_dummies(batch.num_tokens, token_bucket, seqlen)
-        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0
+
+    def key_layout_key(self, batch: PackedBatch, token_bucket: int) -> GraphKey | None:
+        """The key of a batch whose sequences continue shared prefixes: its length bucket bounds each
+        sequence's keys (prefix and own tokens), its key bucket holds them all and the dummies' own; None
+        (eager) where a sequence's keys outrun the longest length bucket. Captured lazily, in either mode."""
+        lengths = np.diff(batch.cu_seqlens.numpy())
+        prefix_of = batch.prefix_of.numpy()
+        prefix_lengths = np.where(prefix_of >= 0, lengths[np.maximum(prefix_of, 0)], 0)
+        longest = int((lengths + prefix_lengths).max())
+        if longest > self.largest_seqlen_bucket:
+            return None
+        seqlen = self.config.seqlen_bucket(longest, self.largest_seqlen_bucket)
+        num_slots = batch.num_seqs + num_dummies(batch.num_tokens, token_bucket, seqlen)
+        num_keys = self.config.key_bucket(token_bucket + int(prefix_lengths.sum()))
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, num_keys
 
     def warm_key(self, token_bucket: int) -> GraphKey:
         seqlen = self.largest_seqlen_bucket
         padding = SMALL_TOKEN_STEP if token_bucket <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
         num_slots = self.config.max_batch_seqs + num_dummies(token_bucket - padding, token_bucket, seqlen)
-        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
         """[num_seqs, out_dim] rows on the device from a graph, or None: run this batch eagerly."""
@@ -168,7 +231,9 @@ class GraphCache:
         # long done in practice: the copies (inputs and any plan) ran before the last replay
         graph.staged.synchronize()
         staged = stage(batch, key, out=graph.staging.numpy())
-        self.attention.prepare(graph.inputs.meta, host_cu_seqlens(staged, key))
+        self.attention.prepare(
+            graph.inputs.meta, host_cu_seqlens(staged, key), host_key_cu_seqlens(staged, key)
+        )
         graph.inputs.ints.copy_(graph.staging, non_blocking=True)
         graph.staged.record()
         graph.graph.replay()
@@ -184,10 +249,13 @@ class GraphCache:
         # its dummies it covers the whole bucket, as a host plan's first layout must)
         placeholder = stage(_placeholder_batch(key), key)
         inputs.ints.copy_(torch.from_numpy(placeholder))
-        self.attention.prepare(inputs.meta, host_cu_seqlens(placeholder, key))
+        self.attention.prepare(
+            inputs.meta, host_cu_seqlens(placeholder, key), host_key_cu_seqlens(placeholder, key)
+        )
 
         def forward() -> torch.Tensor:
-            inputs.cu_seqlens.copy_(inputs.cu_seqlens_int64)
+            for source, narrow in inputs.narrowed:
+                narrow.copy_(source)
             return self.model(inputs.batch, inputs.meta).float()  # the rows the host reads
 
         side = torch.cuda.Stream(self.device)
@@ -222,7 +290,7 @@ def _placeholder_batch(key: GraphKey) -> PackedBatch:
     length bucket) slots, and so fits any key a real batch produced (k sequences of real tokens T,
     none longer than the length bucket L, and their dummies take k + ceil((tokens - T) / L) slots,
     at least that many)."""
-    num_tokens, _, max_seqlen = key
+    num_tokens, _, max_seqlen, _ = key
     length = min(max_seqlen, num_tokens)
     zeros = torch.zeros(length, dtype=torch.int64)
     return PackedBatch(zeros, zeros, zeros, torch.tensor([0, length], dtype=torch.int32), length)

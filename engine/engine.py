@@ -18,6 +18,7 @@ from engine.batch import pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
+from engine.prefixes import prefix_pays, tokens_to_run
 from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
@@ -73,7 +74,7 @@ class Engine:
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         # runs sequences that continue a shared prefix (a causal model on a backend with key layouts),
-        # and whether rerank should send them so (shares_prefixes); both set by build_engine
+        # and whether callers should send them so where it pays (shares_prefix); both set by build_engine
         self.runs_prefixes = False
         self.shares_prefixes = False
         self._thread: threading.Thread | None = None
@@ -87,7 +88,12 @@ class Engine:
     def describe(self) -> dict[str, str]:
         """How the model runs, for logs and metrics."""
         graphs = self.config.cuda_graphs if self.runner.graphs is not None else "off"
-        return {"attention_backend": self.attention_backend, "cuda_graphs": graphs, "replicas": "1"}
+        return {
+            "attention_backend": self.attention_backend,
+            "cuda_graphs": graphs,
+            "replicas": "1",
+            "shared_prefixes": "on" if self.shares_prefixes else "off",
+        }
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="posy-engine", daemon=True)
@@ -104,6 +110,16 @@ class Engine:
         """From now on the worker also reads `intake` between batches, and waits on it when idle."""
         self._intake = intake
         self.scheduler.wake()
+
+    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
+        """Whether sequences of `lengths` that all start with the same `prefix_length` tokens should come
+        as continuations of that prefix (enqueue's `prefix`) rather than whole (engine/prefixes.py)."""
+        return self.shares_prefixes and prefix_pays(prefix_length, lengths)
+
+    def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
+        """The tokens a request of `lengths` (continuing a prefix of `prefix_length`) runs in batches of
+        max_batch_tokens: the prefix once a batch."""
+        return tokens_to_run(lengths, self.config.max_batch_tokens, prefix_length)
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
         """How long `num_tokens` tokens take on this engine when idle; None before it has measured."""
@@ -153,7 +169,7 @@ class Engine:
         if prefix is not None:
             if not self.runs_prefixes:
                 raise ValueError("this engine does not run shared prefixes")
-            if not prefix or token_type_ids is not None:
+            if len(prefix) == 0 or token_type_ids is not None:
                 raise ValueError("a shared prefix has tokens, and its sequences no token types")
         longest = max(lengths) + (0 if prefix is None else len(prefix))
         if longest > self.config.max_batch_tokens:
@@ -218,6 +234,7 @@ class Engine:
             if sequence.owner is not owner:
                 owner = sequence.owner
                 owner.started(launched_at)
+            owner.num_tokens += len(sequence.token_ids)
         try:
             prefix_of = [sequence.prefix_at for sequence in batch]
             packed = pack(

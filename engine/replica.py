@@ -201,7 +201,7 @@ class _Connection:
 
     def _run(self, run: Run) -> None:
         self._replies_read(run.replies_read)
-        lengths, ids, types = self._payload(run)
+        lengths, ids, types, prefix = self._payload(run)
         ends = list(itertools.accumulate(lengths))
         token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
         token_types = None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
@@ -209,25 +209,26 @@ class _Connection:
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
-            self.engine.submit(request, token_ids, token_types, deadline)
+            self.engine.submit(request, token_ids, token_types, deadline, prefix)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)
 
-    def _payload(self, run: Run) -> tuple[list[int], np.ndarray, np.ndarray | None]:
-        """The Run's lengths, token ids and token types, copied out of the ring (whose space the next
-        reply then frees)."""
+    def _payload(self, run: Run) -> tuple[list[int], np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The Run's lengths, token ids, token types and prefix, copied out of the ring (whose space the
+        next reply then frees)."""
         count = run.num_tokens
+        types_end = run.num_seqs + count * (2 if run.has_types else 1)
         if run.spill is not None:
             data = read_spill(self.folder, run.spill).view(np.int32)
         else:
-            words = run.num_seqs + count * (2 if run.has_types else 1)
-            data = self.requests.array(run.offset, "<i4", words).copy()
+            data = self.requests.array(run.offset, "<i4", types_end + run.prefix_tokens).copy()
             self.requests_read = max(self.requests_read, run.end)
         lengths = data[: run.num_seqs].tolist()
         ids = data[run.num_seqs : run.num_seqs + count]
-        types = data[run.num_seqs + count :] if run.has_types else None
-        return lengths, ids, types
+        types = data[run.num_seqs + count : types_end] if run.has_types else None
+        prefix = data[types_end : types_end + run.prefix_tokens] if run.prefix_tokens else None
+        return lengths, ids, types, prefix
 
     def _replies_read(self, position: int) -> None:
         if self.replies is not None and position:
@@ -251,6 +252,7 @@ class _Connection:
             result = Result(
                 run_id, rows.shape[0], rows.shape[1], offset, end, spill, output.queue_s, output.inference_s,
                 self.engine.queued_tokens, self.requests_read, self.engine.rate.seconds_per_token,
+                output.num_tokens,
             )  # fmt: skip
             self._send(result)
 

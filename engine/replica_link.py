@@ -68,8 +68,10 @@ class ReplicaLink:
         token_type_ids: Sequence[Sequence[int] | None] | None,
         num_tokens: int,
         time_left_s: float | None,
+        prefix: Sequence[int] | None = None,
     ) -> None:
-        """Write the chunk's lengths, ids (and types) into the request ring and send its Run."""
+        """Write the chunk's lengths, ids (and types, and the prefix its sequences continue) into the
+        request ring and send its Run; `num_tokens`: its sequences' tokens."""
         num_seqs = len(token_ids)
         lengths = np.fromiter(map(len, token_ids), dtype="<i4", count=num_seqs)
         ids = _flat(token_ids, num_tokens)
@@ -79,6 +81,8 @@ class ReplicaLink:
                 [t if t is not None else [0] * len(i) for t, i in zip(token_type_ids, token_ids)], num_tokens
             )
         parts = [lengths, ids] if types is None else [lengths, ids, types]
+        if prefix is not None:
+            parts.append(np.asarray(prefix, dtype="<i4"))
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:
@@ -102,6 +106,7 @@ class ReplicaLink:
                 spill,
                 time_left_s,
                 self.replies_read,
+                0 if prefix is None else len(prefix),
             )
         )
 

@@ -1,5 +1,6 @@
 """ReplicaPool: the gateway's side of the engine replicas, with Engine's `enqueue` / `run` interface. A
-request's sequences are cut into chunks of at most `chunk_tokens` tokens, each chunk goes to the live
+request's sequences are cut into chunks of at most `chunk_tokens` tokens (each with the request's shared
+prefix, if it has one, counted in), each chunk goes to the live
 replica with the fewest outstanding tokens (those this gateway has sent it, plus the queue it last
 reported), and the rows come back in input order. A request is admitted whole or refused whole: one chunk
 refused (and not taken by another replica with room) cancels the others. A chunk whose replica dies is
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
+from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
 from engine.replica_link import ReplicaLink
 from engine.replica_protocol import Cancel, Failure, Result
 from engine.request import EngineOutput
@@ -41,13 +43,15 @@ class _Request:
     num_pending: int = 0
     queue_s: float = 0.0
     inference_s: float = 0.0
+    num_tokens: int = 0  # run by its chunks so far
 
 
 @dataclass(slots=True, eq=False)
 class _Chunk:
     token_ids: Sequence[Sequence[int]]
     token_type_ids: Sequence[Sequence[int] | None] | None
-    num_tokens: int
+    prefix: Sequence[int] | None  # the request's shared prefix, which every chunk carries
+    num_tokens: int  # its sequences' and its prefix's
     request: _Request
     position: int  # in its request
     deadline: float | None
@@ -56,23 +60,7 @@ class _Chunk:
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
 
 
-def split_by_tokens(lengths: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of consecutive sequences, each range at most `chunk_tokens` tokens unless one
-    sequence alone is longer."""
-    ranges, start, total = [], 0, 0
-    for index, length in enumerate(lengths):
-        if total and total + length > chunk_tokens:
-            ranges.append((start, index))
-            start, total = index, 0
-        total += length
-    ranges.append((start, len(lengths)))
-    return ranges
-
-
 class ReplicaPool:
-    # the replica protocol carries no shared prefix yet: rerank sends a causal judge's whole pairs
-    shares_prefixes = False
-
     def __init__(self, endpoints: Sequence[str], chunk_tokens: int, max_sequence_tokens: int):
         self.endpoints = list(endpoints)
         self.chunk_tokens = chunk_tokens
@@ -97,6 +85,15 @@ class ReplicaPool:
     def describe(self) -> dict[str, str]:
         return {**self.description, "replicas": str(len(self.endpoints))}
 
+    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
+        """As Engine.shares_prefix, for the replicas' engines (their description says whether they run
+        shared prefixes)."""
+        return self.description.get("shared_prefixes") == "on" and prefix_pays(prefix_length, lengths)
+
+    def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
+        """The tokens a request runs in chunks of chunk_tokens: its shared prefix once a chunk."""
+        return tokens_to_run(lengths, self.chunk_tokens, prefix_length)
+
     def estimate_seconds(self, num_tokens: int) -> float | None:
         """How long `num_tokens` tokens take spread over the idle live replicas at their measured rates;
         None while one of them has not measured."""
@@ -109,33 +106,41 @@ class ReplicaPool:
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> np.ndarray:
         """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
-        return (await self.enqueue(token_ids, token_type_ids)).rows
+        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
 
     def enqueue(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> asyncio.Future[EngineOutput]:
         """Send the request's chunks now and return the future of its output (the slowest chunk's queue
-        and inference times); cancelling it cancels every chunk on its replica."""
+        and inference times, the tokens all ran); cancelling it cancels every chunk on its replica. With
+        `prefix`, each chunk's sequences continue it (where the replicas run shared prefixes)."""
         lengths = [len(ids) for ids in token_ids]
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
-        if max(lengths) > self.max_sequence_tokens:
+        prefix_length = 0 if prefix is None else len(prefix)
+        if prefix is not None and self.description.get("shared_prefixes") != "on":
+            raise ValueError("the engine replicas do not run shared prefixes")
+        if max(lengths) + prefix_length > self.max_sequence_tokens:
             raise SequenceTooLong(
-                f"a sequence of {max(lengths)} tokens exceeds max_batch_tokens ({self.max_sequence_tokens})"
+                f"a sequence of {max(lengths) + prefix_length} tokens exceeds max_batch_tokens "
+                f"({self.max_sequence_tokens})"
             )
         if self._stopped:
             raise EngineStopped("the engine is not running")
         self._use_running_loop()
         request = _Request(self._loop.create_future())
-        for start, end in split_by_tokens(lengths, self.chunk_tokens):
+        for start, end in split_by_tokens(lengths, self.chunk_tokens, prefix_length):
             types = None if token_type_ids is None else token_type_ids[start:end]
+            num_tokens = sum(lengths[start:end]) + prefix_length
             chunk = _Chunk(
-                token_ids[start:end], types, sum(lengths[start:end]), request, len(request.chunks), deadline
+                token_ids[start:end], types, prefix, num_tokens, request, len(request.chunks), deadline
             )
             request.chunks.append(chunk)
         request.parts = [None] * len(request.chunks)
@@ -213,7 +218,10 @@ class ReplicaPool:
         self.outstanding[replica] += chunk.num_tokens
         self.chunks_sent[replica] += 1
         time_left = None if chunk.deadline is None else chunk.deadline - time.perf_counter()
-        link.send_run(chunk_id, chunk.token_ids, chunk.token_type_ids, chunk.num_tokens, time_left)
+        num_sequence_tokens = chunk.num_tokens - (0 if chunk.prefix is None else len(chunk.prefix))
+        link.send_run(
+            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.prefix
+        )
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
         chunk = self._pending.pop(chunk_id, None)
@@ -245,11 +253,14 @@ class ReplicaPool:
         request.parts[chunk.position] = rows
         request.queue_s = max(request.queue_s, message.queue_s)
         request.inference_s = max(request.inference_s, message.inference_s)
+        request.num_tokens += message.num_tokens
         request.num_pending -= 1
         if request.num_pending == 0:
             parts = request.parts
             output = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            request.future.set_result(EngineOutput(output, request.queue_s, request.inference_s))
+            request.future.set_result(
+                EngineOutput(output, request.queue_s, request.inference_s, request.num_tokens)
+            )
 
     def _fail_request(self, request: _Request, error: BaseException) -> None:
         if not request.future.done():

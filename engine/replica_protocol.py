@@ -25,7 +25,9 @@ class Hello(msgspec.Struct, tag="hello", array_like=True):
 
 class Run(msgspec.Struct, tag="run", array_like=True):
     """Sequences to embed. The request ring holds at `offset`: lengths (int32 [num_seqs]), token ids
-    (int32 [num_tokens]) and, with `has_types`, token type ids (int32 [num_tokens]); or the file `spill`."""
+    (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
+    prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`); or the file
+    `spill`."""
 
     id: int
     num_seqs: int
@@ -36,6 +38,7 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     spill: str | None = None
     time_left_s: float | None = None  # of the request's deadline; None: no deadline
     replies_read: int = 0  # the gateway has read the reply ring up to here
+    prefix_tokens: int = 0
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -64,6 +67,7 @@ class Result(msgspec.Struct, tag="result", array_like=True):
     queued_tokens: int
     requests_read: int  # the replica has copied every Run's payload up to this request-ring position
     seconds_per_token: float | None = None  # the replica's measured rate; None before it has one
+    num_tokens: int = 0  # the tokens the model ran for the Run (EngineOutput's)
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):

@@ -20,18 +20,20 @@ class EngineOutput:
     rows: np.ndarray  # [num_seqs, out_dim] float32
     queue_s: float  # from submission until its first sequence was batched
     inference_s: float  # from then until its last row was back on the host
+    num_tokens: int  # the tokens the model ran for it: its sequences, and its shared prefix once a batch
 
 
 class EngineRequest:
     """Rows arrive a batch's worth at a time on the engine's thread; the last ones call `done`."""
 
-    __slots__ = ("num_pending", "rows", "submitted_at", "started_at")
+    __slots__ = ("num_pending", "rows", "submitted_at", "started_at", "num_tokens")
 
     def __init__(self, num_seqs: int):
         self.num_pending = num_seqs
         self.rows: np.ndarray | None = None
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
+        self.num_tokens = 0  # run so far, counted as batches launch
 
     def is_cancelled(self) -> bool:
         return False
@@ -57,7 +59,7 @@ class EngineRequest:
     def _output(self) -> EngineOutput:
         now = time.perf_counter()
         started = self.started_at if self.started_at is not None else now
-        return EngineOutput(self.rows, started - self.submitted_at, now - started)
+        return EngineOutput(self.rows, started - self.submitted_at, now - started, self.num_tokens)
 
     def done(self, output: EngineOutput) -> None:
         raise NotImplementedError

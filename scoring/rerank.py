@@ -17,8 +17,10 @@ MAX_CHUNKS_PER_REQUEST = 10_000
 
 
 class SequenceRunner(Protocol):
-    # runs sequences that continue a shared `prefix` (a causal model): each row is that of prefix + sequence
-    shares_prefixes: bool
+    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
+        """Whether sequences of `lengths` that start with the same `prefix_length` tokens should be run as
+        continuations of that prefix (`run`'s `prefix`: each row is that of prefix + sequence)."""
+        ...
 
     async def run(
         self,
@@ -75,10 +77,13 @@ async def rerank_scores(
         owners.extend([index] * len(doc_chunks))
         if len(chunks) > MAX_CHUNKS_PER_REQUEST:
             raise TooManyChunks(len(chunks), MAX_CHUNKS_PER_REQUEST)
-    if model.cross_encoder and model.engine.shares_prefixes and not model.pair.has_types:
+    pair = model.pair
+    prefix_length = len(pair.prefix.ids) + len(query_ids) + len(pair.middle.ids)
+    suffix_lengths = [len(chunk) + len(pair.suffix.ids) for chunk in chunks]
+    untyped_pairs = model.cross_encoder and not pair.has_types
+    if untyped_pairs and model.engine.shares_prefix(prefix_length, suffix_lengths):
         # a causal scorer: every pair starts with the template's head, the query and the template's
         # middle, which the engine runs once a batch; each chunk and the template's tail continue it
-        pair = model.pair
         prefix = [*pair.prefix.ids, *query_ids, *pair.middle.ids]
         suffixes = [[*chunk, *pair.suffix.ids] for chunk in chunks]
         logits = await model.engine.run(suffixes, None, prefix=prefix)

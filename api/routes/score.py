@@ -1,12 +1,16 @@
 """POST /score and /v1/score: vLLM's score API. text_1 and text_2 pair up one to one, one to many (a
 single text_1), or many to many (lists of one length, pairwise); each pair's score is the rerank
 path's: a cross-encoder's or judge's relevance in [0, 1], or an embedding model's cosine similarity
-(as vLLM scores with embedding models)."""
+(as vLLM scores with embedding models). Each distinct text_1 is one rerank call over its text_2s (a causal
+judge runs its prompt once a batch there); the calls run together, and usage counts the tokens the model
+ran."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Awaitable
 
 import numpy as np
 from litestar import Request, post
@@ -17,7 +21,7 @@ from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.inputs import check_texts
-from api.models import RERANK, ServedModel
+from api.models import RERANK
 from api.responses import EncodedJson, documented
 from api.routes.rerank import score_texts
 from api.schemas.vllm import ScoreData, ScoreRequest, ScoreResponse, ScoreUsage
@@ -42,11 +46,14 @@ async def score(request: Request, server: NamedDependency[Server]) -> EncodedJso
     groups: dict[str, list[int]] = {}
     for index, (first, _) in enumerate(pairs):
         groups.setdefault(first, []).append(index)
+    calls = [
+        score_texts(model, first, [pairs[index][1] for index in indexes], options, guard)
+        for first, indexes in groups.items()
+    ]
     scores = np.empty(len(pairs))
-    for first, indexes in groups.items():
-        seconds = [pairs[index][1] for index in indexes]
-        scores[indexes] = await score_texts(model, first, seconds, options, guard)
-    num_tokens = _num_tokens(model, pairs, groups)
+    for indexes, group_scores in zip(groups.values(), await _together(calls)):
+        scores[indexes] = group_scores
+    num_tokens = guard.num_tokens
     response = ScoreResponse(
         id=f"score-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -75,14 +82,14 @@ def _pairs(text_1: str | list[str], text_2: str | list[str], max_pairs: int) -> 
     return list(zip(firsts, seconds))
 
 
-def _num_tokens(model: ServedModel, pairs: list[tuple[str, str]], groups: dict[str, list[int]]) -> int:
-    """Tokens of what the model reads before any chunking: each pair as the cross-encoder's template
-    joins it, or each distinct text_1 once and every text_2 for an embedding model."""
-    encoder = model.encoder
-    firsts = dict(zip(groups, encoder.content_ids(list(groups))))
-    seconds = encoder.content_ids([second for _, second in pairs])
-    if model.spec.task == "embed":
-        single = encoder.single.num_special_tokens
-        return sum(len(ids) + single for ids in firsts.values()) + sum(len(ids) + single for ids in seconds)
-    special = encoder.pair.num_special_tokens
-    return sum(len(firsts[first]) + len(ids) + special for (first, _), ids in zip(pairs, seconds))
+async def _together(calls: list[Awaitable[np.ndarray]]) -> list[np.ndarray]:
+    """The calls' results in order, run at once so that their sequences share batches; the first to fail
+    cancels the others (their queued work is dropped) and its error is raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

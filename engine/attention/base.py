@@ -60,11 +60,14 @@ class AttentionBackend:
         """The backend as the start-up log names it."""
         return self.name
 
-    def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
+    def prepare(
+        self, meta: AttentionMetadata, cu_seqlens: torch.Tensor, key_cu_seqlens: torch.Tensor | None = None
+    ) -> None:
         """Before a CUDA graph captured on `meta` runs (its warm-up, its capture, each replay): the
         lengths it will run, `cu_seqlens` on the host (the graph's slots; a view of a buffer that is
-        written again, so a backend that keeps it copies it). A backend that reads only the device
-        tensors needs nothing; one that plans on the host (flashinfer) plans here."""
+        written again, so a backend that keeps it copies it), and `key_cu_seqlens` likewise where `meta`
+        has a key layout (shared prefixes). A backend that reads only the device tensors needs nothing;
+        one that plans on the host (flashinfer) plans here."""
 
     def forward(
         self,

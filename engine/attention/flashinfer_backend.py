@@ -54,9 +54,12 @@ class _GraphPlans:
     """The wrappers of one CUDA graph's batches, by mask, and the lengths they were last planned for."""
 
     meta: AttentionMetadata  # the graph's, held so that its id is never reused
-    indptr: torch.Tensor  # host int32 [num_slots + 1]: the lengths of the next run
+    # host int32 [num_slots + 1]: the query and key lengths of the next run (the same tensor without a
+    # key layout)
+    indptr: torch.Tensor
+    kv_indptr: torch.Tensor
     wrappers: dict[PlanKey, Any]
-    planned: dict[PlanKey, torch.Tensor]  # the indptr each wrapper's schedule holds
+    planned: dict[PlanKey, tuple[torch.Tensor, torch.Tensor]]  # the indptrs each wrapper's schedule holds
 
 
 @dataclass(slots=True)
@@ -91,7 +94,7 @@ def host_indptr(seqlens: tuple[int, ...]) -> torch.Tensor:
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     graph_safe = True  # in graph mode, planned by `prepare` before each replay
-    reads_key_layout = True  # eager batches: their key lengths planned apart from the queries'
+    reads_key_layout = True  # key lengths planned apart from the queries', eagerly and in graph mode
     head_dims = frozenset({64, 128, 256})
     dtypes = frozenset({torch.bfloat16, torch.float16})
 
@@ -151,17 +154,22 @@ class FlashInferAttention(AttentionBackend):
             return self._graph_wrapper(graph, key, q.shape[0]).run(q, k, v)
         return self._wrapper(meta, key, q.shape[0]).run(q, k, v)
 
-    def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
-        cu_seqlens = cu_seqlens.to(torch.int32, copy=True)  # kept: a later call compares with it
+    def prepare(
+        self, meta: AttentionMetadata, cu_seqlens: torch.Tensor, key_cu_seqlens: torch.Tensor | None = None
+    ) -> None:
+        # kept: a later call compares with them
+        indptr = cu_seqlens.to(torch.int32, copy=True)
+        kv_indptr = indptr if key_cu_seqlens is None else key_cu_seqlens.to(torch.int32, copy=True)
         graph = self._graphs.get(id(meta))
         if graph is None or graph.meta is not meta:
-            graph = self._graphs[id(meta)] = _GraphPlans(meta, cu_seqlens, {}, {})
-        graph.indptr = cu_seqlens
+            graph = self._graphs[id(meta)] = _GraphPlans(meta, indptr, kv_indptr, {}, {})
+        graph.indptr, graph.kv_indptr = indptr, kv_indptr
         for key, wrapper in graph.wrappers.items():
             # the same lengths as the schedule in the wrapper's device buffers: nothing to redo
-            if not torch.equal(graph.planned[key], cu_seqlens):
-                self._plan(wrapper, key, cu_seqlens)
-                graph.planned[key] = cu_seqlens
+            planned_indptr, planned_kv_indptr = graph.planned[key]
+            if not (torch.equal(planned_indptr, indptr) and torch.equal(planned_kv_indptr, kv_indptr)):
+                self._plan(wrapper, key, indptr, kv_indptr)
+                graph.planned[key] = indptr, kv_indptr
 
     def _graph_wrapper(self, graph: _GraphPlans, key: PlanKey, num_tokens: int) -> Any:
         wrapper = graph.wrappers.get(key)
@@ -182,8 +190,8 @@ class FlashInferAttention(AttentionBackend):
         # the first plan fixes the schedule's sizes: it must cover the graph's whole token bucket
         if int(graph.indptr[-1]) != num_tokens:
             raise ValueError(f"a graph's first plan covers {int(graph.indptr[-1])} of {num_tokens} tokens")
-        self._plan(wrapper, key, graph.indptr)
-        graph.wrappers[key], graph.planned[key] = wrapper, graph.indptr
+        self._plan(wrapper, key, graph.indptr, graph.kv_indptr)
+        graph.wrappers[key], graph.planned[key] = wrapper, (graph.indptr, graph.kv_indptr)
         return wrapper
 
     def _wrapper(self, meta: AttentionMetadata, key: PlanKey, num_tokens: int) -> Any:

@@ -29,21 +29,32 @@ class KeyLayout:
 
     @classmethod
     def build(cls, seqlens: tuple[int, ...], prefix_of: torch.Tensor) -> KeyLayout:
-        starts = np.concatenate([[0], np.cumsum(seqlens)[:-1]]).astype(np.int64)
-        pieces, key_lengths = [], []
-        for seq, prefix in enumerate(prefix_of.tolist()):
-            own = np.arange(starts[seq], starts[seq] + seqlens[seq])
-            if prefix >= 0:
-                own = np.concatenate([np.arange(starts[prefix], starts[prefix] + seqlens[prefix]), own])
-            pieces.append(own)
-            key_lengths.append(len(own))
-        cu_seqlens = np.concatenate([[0], np.cumsum(key_lengths)]).astype(np.int32)
+        lengths = np.asarray(seqlens, dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        index, key_lengths = gather_keys(starts, lengths, prefix_of.numpy())
         return cls(
-            index=torch.from_numpy(np.concatenate(pieces)),
-            cu_seqlens=torch.from_numpy(cu_seqlens),
-            seqlens=tuple(key_lengths),
-            max_seqlen=max(key_lengths),
+            index=torch.from_numpy(index),
+            cu_seqlens=torch.from_numpy(np.concatenate([[0], np.cumsum(key_lengths)]).astype(np.int32)),
+            seqlens=tuple(key_lengths.tolist()),
+            max_seqlen=int(key_lengths.max()),
         )
+
+
+def gather_keys(
+    starts: np.ndarray, lengths: np.ndarray, prefix_of: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each sequence's keys as token rows, its prefix's (where prefix_of >= 0) then its own: (index [num_keys]
+    int64, key lengths [num_seqs] int64). Sequences given by their first row and length (zero-length ones
+    have no keys)."""
+    has_prefix = prefix_of >= 0
+    prefix = np.maximum(prefix_of, 0)
+    # two pieces a sequence, its prefix's rows (maybe none) and its own, laid end to end on the key axis
+    piece_starts = np.stack([np.where(has_prefix, starts[prefix], 0), starts], axis=1).ravel()
+    piece_lengths = np.stack([np.where(has_prefix, lengths[prefix], 0), lengths], axis=1).ravel()
+    key_starts = np.cumsum(piece_lengths) - piece_lengths
+    index = np.arange(int(piece_lengths.sum()), dtype=np.int64)
+    index += np.repeat(piece_starts - key_starts, piece_lengths)
+    return index, piece_lengths.reshape(-1, 2).sum(axis=1)
 
 
 @dataclass(slots=True)

@@ -92,9 +92,16 @@ class TritonAttention(AttentionBackend):
     def reads_key_layout(self) -> bool:  # shared prefixes run on the long-sequence backend
         return self.long_sequences is not None and self.long_sequences.reads_key_layout
 
-    def prepare(self, meta: AttentionMetadata, cu_seqlens: torch.Tensor) -> None:
-        if self.long_sequences is not None and meta.max_seqlen > SHORT_SEQLEN:
-            self.long_sequences.prepare(meta, cu_seqlens)
+    def prepare(
+        self, meta: AttentionMetadata, cu_seqlens: torch.Tensor, key_cu_seqlens: torch.Tensor | None = None
+    ) -> None:
+        if self._hands_on(meta):
+            self.long_sequences.prepare(meta, cu_seqlens, key_cu_seqlens)
+
+    def _hands_on(self, meta: AttentionMetadata) -> bool:
+        """Whether the long-sequence backend runs this batch: a sequence over SHORT_SEQLEN, or shared
+        prefixes (their keys laid out apart from the queries)."""
+        return self.long_sequences is not None and (meta.max_seqlen > SHORT_SEQLEN or meta.keys is not None)
 
     def forward(
         self,
@@ -108,7 +115,7 @@ class TritonAttention(AttentionBackend):
         bias: PositionBias | None = None,
     ) -> torch.Tensor:
         # q [num_tokens, num_heads, head_dim], k/v [num_tokens, num_kv_heads, head_dim] -> like q
-        if self.long_sequences is not None and (meta.max_seqlen > SHORT_SEQLEN or meta.keys is not None):
+        if self._hands_on(meta):
             return self.long_sequences.forward(q, k, v, meta, causal, window, scale)
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

@@ -72,3 +72,26 @@ def test_bad_requests_get_an_openai_shaped_4xx(client, body, param):
     assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert error["message"] and (param is None or param in error["message"] or error["param"] == param)
+
+
+def test_a_judge_scores_several_queries_at_once_and_counts_the_tokens_it_ran(tmp_path):
+    # a causal judge runs each query's prompt once a batch for its documents: pairwise scores equal each
+    # pair alone, and usage counts what ran (each query's group once its prompt, not once a document)
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
+    first, second = "what do cats eat", "where is the train station"
+    docs = ["fish and mice", "the station is north of the river", "trains leave hourly", "cats sleep"]
+    with TestClient(create_app(ServerConfig(models=(str(tmp_path),)))) as client:
+        pairwise = scored(client, text_1=[first, first, second, second], text_2=docs)
+        queries = [first, first, second, second]
+        alone = [scored(client, text_1=query, text_2=doc) for query, doc in zip(queries, docs)]
+        groups = [scored(client, text_1=first, text_2=docs[:2])]
+        groups.append(scored(client, text_1=second, text_2=docs[2:]))
+    expected = [payload["data"][0]["score"] for payload in alone]
+    assert [item["score"] for item in pairwise["data"]] == pytest.approx(expected, abs=1e-5)
+    assert np.ptp(expected) > 100 * 1e-5  # the scores differ: the comparison can fail
+    tokens = [payload["usage"]["prompt_tokens"] for payload in (pairwise, *alone, *groups)]
+    assert tokens[0] == tokens[5] + tokens[6]
+    # each group ran its query's prompt once: fewer tokens than its pairs alone
+    assert tokens[5] < tokens[1] + tokens[2] and tokens[6] < tokens[3] + tokens[4]

@@ -13,16 +13,14 @@ from engine.attention import AUTO_ORDER, BACKENDS, AttentionMetadata, select_bac
 from engine.attention.base import AttentionBackend
 from engine.attention.flash_attn_backend import FlashAttnAttention
 from engine.attention.flashinfer_backend import FlashInferAttention
+from engine.attention.metadata import KeyLayout
 from engine.attention.torch_backend import TorchAttention
 from engine.attention.torch_varlen import TorchVarlenAttention
+from engine.batch import pack
 from engine.errors import AttentionBackendUnavailable
+from tests.engine.fake_flashinfer import fake_flashinfer, reference
 
 SEQLENS = [3, 5, 1, 7]
-
-
-def reference(q, k, v, cu_seqlens, causal, window, scale=None):
-    meta = AttentionMetadata.build(cu_seqlens.cpu(), int(torch.diff(cu_seqlens).max()))
-    return TorchAttention().forward(q, k, v, meta, causal, window, scale)
 
 
 def batch(num_heads=4, num_kv_heads=4, head_dim=16, seqlens=SEQLENS, seed=0):
@@ -151,53 +149,9 @@ def test_auto_without_the_shape_keeps_to_the_reference(fake_cuda_backends):
 # ---- flashinfer glue --------------------------------------------------------------------------------
 
 
-class FakeRaggedWrapper:
-    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper's plan/run, answered by the torch reference."""
-
-    def __init__(
-        self, float_workspace_buffer, kv_layout="NHD", backend="auto", use_cuda_graph=False, **buffers
-    ):
-        assert kv_layout == "NHD"
-        assert set(buffers) == ({"qo_indptr_buf", "kv_indptr_buf"} if use_cuda_graph else set())
-        self.plans = []
-        self.use_cuda_graph = use_cuda_graph
-        self.schedule_bytes = None
-
-    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
-        self.schedule_bytes = int_workspace_buffer.numel()
-
-    def plan(
-        self,
-        qo_indptr,
-        kv_indptr,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim_qk,
-        *,
-        causal=False,
-        window_left=-1,
-        sm_scale=None,
-        q_data_type=torch.float16,
-        kv_data_type=None,
-    ):
-        assert qo_indptr.device.type == "cpu" and qo_indptr.dtype == torch.int32
-        assert torch.equal(qo_indptr, kv_indptr)
-        self.plans.append((qo_indptr.tolist(), num_qo_heads, num_kv_heads, head_dim_qk, causal, window_left))
-        self.sm_scale = sm_scale
-
-    def run(self, q, k, v):
-        indptr, _, _, _, causal, window_left = self.plans[-1]
-        window = None if window_left < 0 else (window_left, 0)
-        return reference(q, k, v, torch.tensor(indptr), causal, window, self.sm_scale)
-
-
 @pytest.fixture
 def flashinfer_cpu(monkeypatch):
-    module = types.ModuleType("flashinfer")
-    module.BatchPrefillWithRaggedKVCacheWrapper = FakeRaggedWrapper
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr("engine.attention.flashinfer_backend.WORKSPACE_BYTES", 16)
-    return FlashInferAttention(torch.device("cpu"))
+    return fake_flashinfer(monkeypatch)
 
 
 def test_flashinfer_check(flashinfer_cpu):
@@ -297,6 +251,28 @@ def test_flashinfer_plans_a_graphs_batches_in_prepare(flashinfer_cpu):
     # a batch of other metadata still plans from its own host lengths
     eager = varlen_attention(q, k, v, meta, backend=flashinfer_cpu, causal=True)
     torch.testing.assert_close(eager, reference(q, k, v, meta.cu_seqlens, True, None), atol=1e-5, rtol=1e-5)
+
+
+def test_flashinfer_plans_a_graphs_shared_prefixes_with_their_key_lengths(flashinfer_cpu):
+    """A graph of shared-prefix batches: `prepare` brings the key lengths beside the query lengths, the
+    plan takes both, and a later `prepare` plans again when either changes."""
+    packed = pack([[0] * 3, [0] * 5, [0] * 1, [0] * 7], prefix_of=[-1, 0, -1, 2])
+    meta = AttentionMetadata.build(packed.cu_seqlens, packed.max_seqlen, packed.prefix_of)
+    q, k, v, _ = batch(num_heads=8, num_kv_heads=2)
+    expected = varlen_attention(q, k, v, meta, backend=TorchAttention(), causal=True)
+    graph_meta = graph_meta_of(meta)
+    graph_meta.keys = KeyLayout(meta.keys.index, meta.keys.cu_seqlens, (0,) * 4, 16)
+    key_cu_seqlens = torch.tensor([0, 3, 11, 12, 20])
+    assert meta.keys.cu_seqlens.tolist() == key_cu_seqlens.tolist()
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 16]), key_cu_seqlens)
+    out = varlen_attention(q, k, v, graph_meta, backend=flashinfer_cpu, causal=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    (wrapper,) = flashinfer_cpu._graphs[id(graph_meta)].wrappers.values()
+    assert wrapper.kv_indptrs == [[0, 3, 11, 12, 20]]
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 16]), key_cu_seqlens)  # the same
+    assert len(wrapper.plans) == 1
+    flashinfer_cpu.prepare(graph_meta, torch.tensor([0, 3, 8, 9, 16]), torch.tensor([0, 3, 8, 9, 16]))
+    assert wrapper.kv_indptrs == [[0, 3, 11, 12, 20], None]  # keys as the queries: no layout
 
 
 def test_flashinfer_graph_plans_must_first_cover_the_bucket(flashinfer_cpu):

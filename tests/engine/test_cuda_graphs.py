@@ -37,7 +37,7 @@ def test_sequence_slots_and_length_buckets():
 def test_stage_pads_with_zero_length_slots_then_dummies_no_longer_than_the_length_bucket():
     batch = pack([[5, 6, 7], [8, 9]], [[0, 0, 1], None])
     # 5 real tokens padded to 12, sequences of at most 4: dummies of 4 and 3 tokens after one empty slot
-    ints = stage(batch, (12, 5, 4))
+    ints = stage(batch, (12, 5, 4, 0))
     ids, types, positions, segments = ints[:48].reshape(4, 12).tolist()
     assert ids == [5, 6, 7, 8, 9] + [0] * 7
     assert types == [0, 0, 1] + [0] * 9
@@ -46,7 +46,7 @@ def test_stage_pads_with_zero_length_slots_then_dummies_no_longer_than_the_lengt
     assert ints[48:53].tolist() == [3, 2, 1, 4, 3]  # slot lengths; the empty slot divides by one
     assert ints[53:].tolist() == [0, 3, 5, 5, 9, 12]  # cu_seqlens
     # staging into a used buffer gives the same layout
-    assert (stage(batch, (12, 5, 4), out=np.full(59, 7, dtype=np.int64)) == ints).all()
+    assert (stage(batch, (12, 5, 4, 0), out=np.full(59, 7, dtype=np.int64)) == ints).all()
 
 
 def test_graph_key_reserves_slots_for_the_dummies():
@@ -55,14 +55,34 @@ def test_graph_key_reserves_slots_for_the_dummies():
     config = EngineConfig(device="cuda", max_batch_tokens=4096)
     graphs = GraphCache.__new__(GraphCache)  # key() needs no device
     graphs.config, graphs.largest_seqlen_bucket = config, 512
-    assert graphs.key(pack([[1] * 50] * 30)) == (1536, 32, 64)  # 36 padding tokens: one dummy
-    assert graphs.key(pack([[1] * 50] * 27)) == (1536, 32, 64)  # 186 padding tokens: three dummies
-    assert graphs.key(pack([[1] * 300])) == (320, 2, 512)
-    assert graphs.key(pack([[1] * 128])) == (128, 1, 128)  # exactly on a bucket: no dummy
+    assert graphs.key(pack([[1] * 50] * 30)) == (1536, 32, 64, 0)  # 36 padding tokens: one dummy
+    assert graphs.key(pack([[1] * 50] * 27)) == (1536, 32, 64, 0)  # 186 padding tokens: three dummies
+    assert graphs.key(pack([[1] * 300])) == (320, 2, 512, 0)
+    assert graphs.key(pack([[1] * 128])) == (128, 1, 128, 0)  # exactly on a bucket: no dummy
+
+
+def test_a_shared_prefix_batch_stages_each_slots_keys_prefix_first():
+    from engine.cuda_graphs import GraphCache, host_key_cu_seqlens
+
+    graphs = GraphCache.__new__(GraphCache)  # key() needs no device
+    graphs.config, graphs.largest_seqlen_bucket = EngineConfig(device="cuda", max_batch_tokens=4096), 512
+    batch = pack([[5, 6, 7], [8, 9], [10, 11, 12, 13]], prefix_of=[-1, 0, 0])
+    # 9 tokens in a 64-token bucket, one dummy of 55 tokens; keys 3 + 5 + 7 + the dummy's 55 in 128
+    key = graphs.key(batch)
+    assert key == (64, 4, 64, 128)
+    ints = stage(batch, key)
+    index = ints[4 * 64 + 2 * 4 + 1 :][:128]
+    assert index[:15].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7, 8]
+    assert index[15:70].tolist() == list(range(9, 64)) and not index[70:].any()
+    assert host_key_cu_seqlens(ints, key).tolist() == [0, 3, 8, 15, 70]
+    assert ints[:64][:9].tolist() == [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert ints[128:192][:9].tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 6]  # positions go on from the prefix
+    # a sequence whose keys outrun the longest length bucket runs eagerly
+    assert graphs.key(pack([[1] * 300, [2] * 300], prefix_of=[-1, 0])) is None
 
 
 def test_stage_without_padding_has_no_dummy():
-    ints = stage(pack([[5, 6, 7, 8]]), (4, 1, 4))
+    ints = stage(pack([[5, 6, 7, 8]]), (4, 1, 4, 0))
     assert ints[:16].reshape(4, 4)[3].tolist() == [0, 0, 0, 0]  # every token in sequence 0
     assert ints[16:].tolist() == [4, 0, 4]  # slot length, cu_seqlens
 
@@ -132,7 +152,7 @@ def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path, b
                 int(n) for n in torch.randint(1, 9, (5,), generator=torch.Generator().manual_seed(100 + seed))
             ]
             batch = random_batch(lengths, 1000 + seed)
-            assert graphs.key(batch) == (64, 8, 64)
+            assert graphs.key(batch) == (64, 8, 64, 0)
             out = graphs.run(batch)
             if out is None:  # the key's first hit, unless an earlier shape captured it
                 assert seed == 0
@@ -186,6 +206,13 @@ def test_the_capture_placeholder_fits_every_key_a_batch_can_produce():
             lengths.pop()
         key = graphs.key(pack([[1] * n for n in lengths]))
         stage(_placeholder_batch(key), key)  # raises when the placeholder does not fit
+        # and a batch whose later sequences continue its first, where their keys fit the window
+        prefix_of = [-1] + [0] * (len(lengths) - 1)
+        if len(lengths) > 1 and lengths[0] + max(lengths[1:]) <= 512:
+            batch = pack([[1] * n for n in lengths], prefix_of=prefix_of)
+            key = graphs.key(batch)
+            stage(batch, key)  # raises when its keys do not fit the key bucket
+            stage(_placeholder_batch(key), key)
 
 
 @pytest.mark.gpu

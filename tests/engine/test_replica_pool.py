@@ -35,6 +35,7 @@ class StandInEngine:
         self.queued_tokens = queued if queued is not None else 10**6 if full else 0
         self.rate = type("Rate", (), {"seconds_per_token": seconds_per_token})()
         self.received: list[tuple[list[list[int]], float | None]] = []
+        self.prefixes: list[list[int]] = []
         self.held = []
 
     def attach(self, intake):
@@ -51,14 +52,18 @@ class StandInEngine:
         self._polling = False
         self._poller.join(10)
 
-    def submit(self, request, token_ids, token_type_ids=None, deadline=None):
+    def submit(self, request, token_ids, token_type_ids=None, deadline=None, prefix=None):
         self.received.append(([list(map(int, ids)) for ids in token_ids], deadline))
+        if prefix is not None:
+            self.prefixes.append(list(map(int, prefix)))
         if self.full:
             raise BehindDeadline(9.0, 6.5)
         if self.hold:
             self.held.append(request)
             return
-        rows = np.array([[float(np.sum(ids)), len(ids)] for ids in token_ids], dtype=np.float32)
+        head = [] if prefix is None else list(prefix)
+        rows = np.array([[float(np.sum(head + list(ids))), len(ids)] for ids in token_ids], dtype=np.float32)
+        request.num_tokens = len(head) + sum(map(len, token_ids))
         threading.Thread(target=request.set_rows, args=(0, rows)).start()
 
 
@@ -117,6 +122,27 @@ def test_token_types_travel_with_their_sequences(tmp_path):
         return engines[0].received
 
     assert run_with(tmp_path, [{}], body) == [([[1, 2], [3, 4, 5]], None)]
+
+
+def test_a_shared_prefix_travels_with_every_chunk_and_counts_in_its_budget(tmp_path):
+    prefix = [50, 60, 70]
+
+    async def body(pool, engines):
+        pool.description = {"shared_prefixes": "on"}
+        # 10-token chunks with the 3-token prefix: 7 of the sequences' tokens a chunk at most
+        output = await pool.enqueue(SEQUENCES[:12], prefix=prefix)
+        pool.description = {"shared_prefixes": "off"}
+        with pytest.raises(ValueError, match="do not run shared prefixes"):
+            pool.enqueue(SEQUENCES[:2], prefix=prefix)
+        return output, engines
+
+    output, engines = run_with(tmp_path, [{}, {}], body)
+    expected = EXPECTED[:12] + np.array([[sum(prefix), 0]], dtype=np.float32)
+    np.testing.assert_array_equal(output.rows, expected)
+    chunks = [ids for engine in engines for ids, _ in engine.received]
+    assert all(sum(map(len, ids)) + len(prefix) <= 10 for ids in chunks)
+    assert [prefix] * len(chunks) == [got for engine in engines for got in engine.prefixes]
+    assert output.num_tokens == sum(map(len, SEQUENCES[:12])) + len(prefix) * len(chunks)
 
 
 def test_a_chunk_refused_by_a_full_replica_goes_to_one_with_room(tmp_path):

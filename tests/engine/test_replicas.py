@@ -16,7 +16,8 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.loader import resolve_model
-from engine.replica_pool import _exception, split_by_tokens
+from engine.prefixes import split_by_tokens
+from engine.replica_pool import _exception
 from engine.replica_protocol import Failure
 from engine.replicas import ReplicaSet
 

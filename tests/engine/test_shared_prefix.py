@@ -8,6 +8,7 @@ import torch
 
 from engine.attention import AttentionMetadata, select_backend, varlen_attention
 from engine.batch import pack
+from tests.engine.fake_flashinfer import fake_flashinfer
 from tests.engine.test_decoder_parity import save_random_decoder
 from tests.engine.test_qwen3_parity import load, random_sequences, save_random_qwen3
 
@@ -114,6 +115,55 @@ def test_a_decoder_classifier_scores_continuations_as_whole_pairs(tmp_path, arch
     assert np.ptp(alone.numpy()) > 100 * TOLERANCE  # the scores differ: the comparison can fail
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_graphs_buffers_run_shared_prefixes_as_their_whole_pairs(judge, monkeypatch, seed):
+    # what a CUDA graph of a shared-prefix batch replays, on the CPU without the graph: the staged buffers
+    # of its key (a fixed-size gather index and key lengths, dummy sequences over the padding) through a
+    # backend in graph mode, flashinfer's (a fake that answers with the torch reference), planned from
+    # `prepare`'s host lengths only
+    from engine.config import EngineConfig
+    from engine.cuda_graphs import GraphCache, _StaticInputs, host_cu_seqlens, host_key_cu_seqlens, stage
+
+    flashinfer = fake_flashinfer(monkeypatch)
+    graphs = GraphCache.__new__(GraphCache)  # key() needs no device
+    graphs.config, graphs.largest_seqlen_bucket = EngineConfig(device="cuda", max_batch_tokens=4096), 512
+    rng = np.random.default_rng(seed)
+    prefixes = random_sequences(rng.integers(1, 60, 2).tolist(), seed=60 + seed)
+    suffixes = [random_sequences(rng.integers(1, 70, int(n)).tolist(), seed=70 + seed) for n in (3, 5)]
+    sequences, prefix_of, wanted, whole = [], [], [], []
+    for prefix, continuations in zip(prefixes, suffixes):
+        at = len(sequences)
+        sequences.append(prefix)
+        prefix_of.append(-1)
+        for suffix in continuations:
+            wanted.append(len(sequences))
+            sequences.append(suffix)
+            prefix_of.append(at)
+            whole.append(prefix + suffix)
+    batch = pack(sequences, prefix_of=prefix_of)
+    key = graphs.key(batch)
+    assert key[3] >= 64 * -(-batch.num_tokens // 64) + sum(len(sequences[at]) for at in prefix_of if at >= 0)
+    inputs = _StaticInputs.allocate(key, torch.device("cpu"))
+    staged = stage(batch, key)
+    inputs.ints.copy_(torch.from_numpy(staged))
+    for source, narrow in inputs.narrowed:
+        narrow.copy_(source)
+    flashinfer.prepare(inputs.meta, host_cu_seqlens(staged, key), host_key_cu_seqlens(staged, key))
+    layers = [module for module in judge.modules() if hasattr(module, "attention_backend")]
+    eager_backend = layers[0].attention_backend
+    try:
+        for layer in layers:
+            layer.attention_backend = flashinfer
+        with torch.inference_mode():
+            rows = judge(inputs.batch, inputs.meta)[: batch.num_seqs]
+    finally:
+        for layer in layers:
+            layer.attention_backend = eager_backend
+    with torch.inference_mode():
+        alone = torch.cat([judge(pack([ids])) for ids in whole])
+    assert (rows[wanted] - alone).abs().max().item() <= TOLERANCE
+
+
 def test_the_engine_runs_a_request_with_a_prefix_as_its_whole_pairs_across_batches(judge):
     import asyncio
 
@@ -143,6 +193,66 @@ def test_the_engine_runs_a_request_with_a_prefix_as_its_whole_pairs_across_batch
     assert shared.shape == (50, 2)
     assert np.abs(shared - whole).max() <= TOLERANCE
     assert np.abs(plain_rows - alone).max() <= TOLERANCE
+
+
+def test_a_requests_output_counts_its_prefix_once_a_batch(judge):
+    import asyncio
+
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.runner import ModelRunner
+
+    batches = []
+    engine = Engine(
+        ModelRunner(judge, torch.device("cpu")), EngineConfig(max_batch_tokens=100),
+        on_batch=lambda num_tokens, num_seqs: batches.append(num_tokens),
+    )  # fmt: skip
+    engine.runs_prefixes = True
+    engine.start()
+    prefix = random_sequences((20,), seed=44)[0]
+    suffixes = random_sequences([30] * 7, seed=45)
+
+    async def run():
+        return await engine.enqueue(suffixes, prefix=prefix)
+
+    try:
+        output = asyncio.run(run())
+    finally:
+        engine.stop()
+    # 20 + 2 x 30 a batch: four batches, the prefix in each
+    assert batches == [80, 80, 80, 50] and output.num_tokens == sum(batches) == 7 * 30 + 4 * 20
+    assert engine.tokens_to_run([30] * 7, 20) == output.num_tokens
+
+
+def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_path):
+    import asyncio
+
+    from engine.config import EngineConfig
+    from engine.replicas import ReplicaSet
+
+    # a 128-token budget: 12 suffixes of 30 tokens after a 20-token prefix go as 4 chunks of 3, each
+    # with the prefix once, through the gateway's pool and a replica process's rings
+    save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
+    replicas = ReplicaSet(str(tmp_path), 1, EngineConfig(device="cpu", max_batch_tokens=128))
+    replicas.start()
+    prefix = random_sequences((20,), seed=46)[0]
+    suffixes = random_sequences([30] * 12, seed=47)
+    pool = replicas.pool
+
+    async def both():
+        shared = await asyncio.wait_for(pool.enqueue(suffixes, prefix=prefix), 120)
+        whole = await asyncio.wait_for(pool.enqueue([prefix + suffix for suffix in suffixes]), 120)
+        return shared, whole
+
+    try:
+        assert pool.shares_prefix(20, [30] * 12) and not pool.shares_prefix(20, [30])
+        shared, whole = asyncio.run(both())
+    finally:
+        replicas.stop()
+    assert np.abs(shared.rows - whole.rows).max() <= TOLERANCE
+    assert np.ptp(whole.rows[:, 0]) > 100 * TOLERANCE
+    assert shared.num_tokens == 12 * 30 + 4 * 20 == pool.tokens_to_run([30] * 12, 20)
+    assert whole.num_tokens == 12 * 50
 
 
 def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
@@ -203,3 +313,63 @@ def test_on_cuda_in_bf16_continuations_score_as_their_whole_pairs(tmp_path):
         shared = model(batch.to("cuda"))[1:].cpu()
         whole = model(pack([prefixes[0] + s for s in suffixes[0]]).to("cuda")).cpu()
     assert (shared - whole).abs().max().item() <= 0.05 * whole.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend_name", ["torch-varlen", "flashinfer", "triton"])
+def test_cuda_graphs_of_shared_prefix_batches_score_as_their_whole_pairs(tmp_path, backend_name):
+    # Qwen3-0.6B's heads (16/8, head dim 128) in bf16: shared-prefix batches of several shapes, each run
+    # three times through the graph cache (eager, capture, replay), and many batches of new lengths through
+    # one captured key, against the whole pairs run eagerly
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from engine.config import EngineConfig
+    from engine.cuda_graphs import GraphCache
+    from engine.errors import AttentionBackendUnavailable
+    from engine.loader import load_model, resolve_model
+
+    save_random_qwen3(
+        tmp_path, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, intermediate_size=512, max_position_embeddings=1024,
+    )  # fmt: skip
+    spec = resolve_model(str(tmp_path))
+    try:
+        shape = dict(num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+        backend = select_backend(backend_name, "cuda", **shape, graphs=True)
+    except AttentionBackendUnavailable as error:
+        pytest.skip(str(error))
+    if not backend.reads_key_layout:
+        pytest.skip(f"{backend.describe()} runs no shared prefixes here")
+    model = load_model(spec, "cuda", torch.bfloat16, backend)
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=8192)
+    graphs = GraphCache(model, backend, config, torch.device("cuda"), max_seqlen=1024)
+
+    def both(prefix_lengths, suffix_lengths, seed):
+        prefixes = random_sequences(prefix_lengths, seed=seed)
+        sequences, prefix_of, whole = [], [], []
+        for n, prefix in enumerate(prefixes):
+            at = len(sequences)
+            sequences.append(prefix)
+            prefix_of.append(-1)
+            for suffix in random_sequences(suffix_lengths, seed=seed + 1 + n):
+                sequences.append(suffix)
+                prefix_of.append(at)
+                whole.append(prefix + suffix)
+        wanted = [index for index, at in enumerate(prefix_of) if at >= 0]
+        return pack(sequences, prefix_of=prefix_of), wanted, pack(whole)
+
+    shapes = [((90,), (150, 7, 300, 150)), ((40,), (160,) * 20), ((100, 30), (412, 5)), ((1,), (1, 2))]
+    rng = np.random.default_rng(5)
+    shapes += [((int(rng.integers(1, 120)),), tuple(rng.integers(1, 200, 6).tolist())) for _ in range(20)]
+    with torch.inference_mode():
+        for seed, (prefix_lengths, suffix_lengths) in enumerate(shapes):
+            batch, wanted, whole = both(prefix_lengths, suffix_lengths, 100 * seed)
+            expected = model(whole.to("cuda")).float()
+            for repeat in range(3 if seed < 4 else 1):
+                out = graphs.run(batch)
+                if out is None:
+                    continue
+                error = (out[wanted].float() - expected).abs().max().item()
+                assert error <= 0.05 * expected.abs().max().item(), (prefix_lengths, suffix_lengths, repeat)
+    shared_keys = [key for key in graphs.graphs if key[3]]
+    assert shared_keys, "no graph of shared-prefix batches was captured"

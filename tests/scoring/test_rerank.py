@@ -5,6 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from engine.prefixes import prefix_pays
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores
@@ -44,7 +45,8 @@ def test_cosine_head_maps_to_unit_interval():
 class KeywordEmbedder:
     """Fake embedding engine: a sequence's vector says whether token 7 (the 'relevant' word) is in it."""
 
-    shares_prefixes = False
+    def shares_prefix(self, prefix_length, lengths):
+        return False
 
     def __init__(self):
         self.calls = []
@@ -57,7 +59,8 @@ class KeywordEmbedder:
 class PairCounter:
     """Fake cross-encoder: one logit = number of query tokens (type 0 content) found in the document part."""
 
-    shares_prefixes = False
+    def shares_prefix(self, prefix_length, lengths):
+        return False
 
     async def run(self, token_ids, token_type_ids=None):
         logits = []
@@ -107,7 +110,8 @@ def test_query_leaving_no_room_and_too_many_chunks_are_errors():
 class TypesSeen:
     """Fake cross-encoder that keeps the types each call received and scores by length."""
 
-    shares_prefixes = False
+    def shares_prefix(self, prefix_length, lengths):
+        return False
 
     def __init__(self):
         self.types = []
@@ -135,11 +139,14 @@ def test_pairs_without_types_reach_the_engine_as_none_and_bert_pairs_with_theirs
 class PositionalScorer:
     """Fake causal scorer: a sequence's logit weighs each token by its position, so a pair split
     anywhere but at its true start scores differently; with `shares_prefixes`, each sequence continues
-    `prefix`."""
+    `prefix` where the engine's rule says it pays."""
 
     def __init__(self, shares_prefixes):
         self.shares_prefixes = shares_prefixes
         self.prefixes = []
+
+    def shares_prefix(self, prefix_length, lengths):
+        return self.shares_prefixes and prefix_pays(prefix_length, lengths)
 
     async def run(self, token_ids, token_type_ids=None, prefix=None):
         assert token_type_ids is None
@@ -159,3 +166,15 @@ def test_a_causal_scorer_gets_the_template_head_and_query_once_and_scores_as_who
         scores[shares] = asyncio.run(rerank_scores(model, query, docs, options))
         assert engine.prefixes == [[CLS, 2, 7, 8, 9, 3] if shares else None]
     assert scores[True].tolist() == scores[False].tolist()
+
+
+def test_one_document_or_a_short_prefix_goes_as_whole_pairs():
+    # the measured rule: sharing must save MIN_SAVED_SHARE of the whole pairs' tokens
+    judge = PairTemplate(Piece((CLS, 2), (0, 0)), Piece((3,), (0,)), Piece((SEP, 4), (0, 0)), 0, 0)
+    options = RerankOptions(raw_scores=True)
+    engine = PositionalScorer(True)
+    model = RerankModel(engine, window=64, single=SINGLE, pair=judge, cross_encoder=True)
+    asyncio.run(rerank_scores(model, [7, 8, 9], [[1] * 40], options))  # one document: nothing to save
+    asyncio.run(rerank_scores(model, [7], [[1] * 50, [2] * 50], options))  # 4 of 112 tokens saved
+    asyncio.run(rerank_scores(model, [7, 8, 9] * 3, [[1] * 30] * 3, options))  # 24 of 132
+    assert engine.prefixes == [None, None, [CLS, 2, *[7, 8, 9] * 3, 3]]
