@@ -14,7 +14,7 @@ from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.loader import ModelSpec, load_model
 from engine.models.registry import spec_entry
-from engine.prefixes import MIN_SAVED_SHARE
+from engine.prefixes import MIN_SAVED_TOKENS_EAGER, MIN_SAVED_TOKENS_GRAPHS
 from engine.progress import progress
 from engine.runner import ModelRunner
 
@@ -69,10 +69,12 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
     causal = bool(getattr(model.backbone.config, "causal", False))
     engine.runs_prefixes = engine.shares_prefixes = backend.reads_key_layout and causal
+    engine.min_saved_tokens = MIN_SAVED_TOKENS_EAGER if graphs is None else MIN_SAVED_TOKENS_GRAPHS
     if engine.runs_prefixes:
         logger.info(
             "%s: a rerank's pairs run their shared prefix (template and query) once a batch where that "
-            "saves at least %.0f%% of their tokens", spec.name, 100 * MIN_SAVED_SHARE,
+            "saves at least %d tokens%s", spec.name, engine.min_saved_tokens,
+            " (as measured with CUDA graphs)" if graphs is not None else "",
         )  # fmt: skip
     engine.start()
     return engine

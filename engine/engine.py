@@ -18,7 +18,7 @@ from engine.batch import pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
-from engine.prefixes import prefix_pays, tokens_to_run
+from engine.prefixes import MIN_SAVED_TOKENS_EAGER, describe_rule, prefix_pays, tokens_to_run
 from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
@@ -74,9 +74,11 @@ class Engine:
         self._on_batch = on_batch
         self.attention_backend = "unknown"  # its name, set by build_engine; for logs and metrics
         # runs sequences that continue a shared prefix (a causal model on a backend with key layouts),
-        # and whether callers should send them so where it pays (shares_prefix); both set by build_engine
+        # and whether callers should send them so (shares_prefix) where that saves min_saved_tokens; all
+        # set by build_engine
         self.runs_prefixes = False
         self.shares_prefixes = False
+        self.min_saved_tokens = MIN_SAVED_TOKENS_EAGER
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
@@ -92,7 +94,7 @@ class Engine:
             "attention_backend": self.attention_backend,
             "cuda_graphs": graphs,
             "replicas": "1",
-            "shared_prefixes": "on" if self.shares_prefixes else "off",
+            "shared_prefixes": describe_rule(self.min_saved_tokens if self.shares_prefixes else None),
         }
 
     def start(self) -> None:
@@ -114,7 +116,7 @@ class Engine:
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
         """Whether sequences of `lengths` that all start with the same `prefix_length` tokens should come
         as continuations of that prefix (enqueue's `prefix`) rather than whole (engine/prefixes.py)."""
-        return self.shares_prefixes and prefix_pays(prefix_length, lengths)
+        return self.shares_prefixes and prefix_pays(prefix_length, lengths, self.min_saved_tokens)
 
     def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
         """The tokens a request of `lengths` (continuing a prefix of `prefix_length`) runs in batches of

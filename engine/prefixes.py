@@ -6,18 +6,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# sharing pays where it saves at least this share of the whole sequences' tokens: a shared batch gathers
-# each sequence's keys (its prefix's and its own) once a layer and runs the prefix's row, which nobody
-# reads; see the measurement in prefix_pays
-MIN_SAVED_SHARE = 0.10
+# Sharing pays where it saves at least this many of the whole sequences' tokens. In CUDA graphs a shared
+# batch costs a fixed part more: its attention gathers each sequence's keys (its prefix's and its own) a
+# layer and runs on FA3, where short whole pairs run triton's packed kernel. H200, bf16, Qwen3-Reranker-0.6B
+# shape, lazy graphs, one request of N passages after a P-token prefix, whole pairs' p50 over shared
+# (benchmarks.variants prefixes, a6e6458):
+#
+#   passage tokens      P = 20: N = 2, 5, 50     P = 60              P = 120
+#   30                  0.79  0.81  1.14         0.81  1.04  1.82    0.94  1.13  2.87
+#   150                 0.86  0.80  1.06         0.93  0.94  1.25    0.97  1.18  1.58
+#   400                 0.85  0.98  1.01         0.92  0.92  1.07    0.99  1.06  1.20
+#   tokens saved        20    80    980          60    240   2940    120   480   5880
+#
+# Every request that saved 480 tokens or more ran faster shared, none that saved fewer than 400 by more
+# than 4%.
+MIN_SAVED_TOKENS_GRAPHS = 400
+# Eagerly (no CUDA graphs; the CPU) a shared batch costs what its tokens do: on a 2-core CPU in fp32, the
+# same shape, 2 passages of 150 after a 20-token prefix (20 tokens saved) ran 1.03x faster shared, 5 x 150
+# after 120 1.40x, and 6 other cases between.
+MIN_SAVED_TOKENS_EAGER = 1
 
 
-def prefix_pays(prefix_length: int, lengths: Sequence[int]) -> bool:
+def describe_rule(min_saved_tokens: int | None) -> str:
+    """The rule as an engine's description gives it (for a replica pool and the metrics): the fewest saved
+    tokens, or "off" where the engine shares no prefixes."""
+    return "off" if min_saved_tokens is None else str(min_saved_tokens)
+
+
+def read_rule(description: str | None) -> int | None:
+    return None if description in (None, "off") else int(description)
+
+
+def prefix_pays(prefix_length: int, lengths: Sequence[int], min_saved_tokens: int) -> bool:
     """Whether sequences of `lengths` should run as continuations of one `prefix_length`-token prefix
-    rather than each as prefix + sequence: where that saves at least MIN_SAVED_SHARE of the whole
+    rather than each as prefix + sequence: where that saves at least `min_saved_tokens` of the whole
     sequences' tokens (one sequence saves none)."""
-    whole = prefix_length * len(lengths) + sum(lengths)
-    return len(lengths) > 1 and (len(lengths) - 1) * prefix_length >= MIN_SAVED_SHARE * whole
+    return len(lengths) > 1 and (len(lengths) - 1) * prefix_length >= min_saved_tokens
 
 
 def split_by_tokens(lengths: Sequence[int], budget: int, prefix_length: int = 0) -> list[tuple[int, int]]:

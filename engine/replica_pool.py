@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
-from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
+from engine.prefixes import prefix_pays, read_rule, split_by_tokens, tokens_to_run
 from engine.replica_link import ReplicaLink
 from engine.replica_protocol import Cancel, Failure, Result
 from engine.request import EngineOutput
@@ -88,7 +88,8 @@ class ReplicaPool:
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
         """As Engine.shares_prefix, for the replicas' engines (their description says whether they run
         shared prefixes)."""
-        return self.description.get("shared_prefixes") == "on" and prefix_pays(prefix_length, lengths)
+        min_saved_tokens = read_rule(self.description.get("shared_prefixes"))
+        return min_saved_tokens is not None and prefix_pays(prefix_length, lengths, min_saved_tokens)
 
     def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
         """The tokens a request runs in chunks of chunk_tokens: its shared prefix once a chunk."""
@@ -125,7 +126,7 @@ class ReplicaPool:
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         prefix_length = 0 if prefix is None else len(prefix)
-        if prefix is not None and self.description.get("shared_prefixes") != "on":
+        if prefix is not None and read_rule(self.description.get("shared_prefixes")) is None:
             raise ValueError("the engine replicas do not run shared prefixes")
         if max(lengths) + prefix_length > self.max_sequence_tokens:
             raise SequenceTooLong(

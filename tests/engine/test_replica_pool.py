@@ -128,7 +128,7 @@ def test_a_shared_prefix_travels_with_every_chunk_and_counts_in_its_budget(tmp_p
     prefix = [50, 60, 70]
 
     async def body(pool, engines):
-        pool.description = {"shared_prefixes": "on"}
+        pool.description = {"shared_prefixes": "1"}
         # 10-token chunks with the 3-token prefix: 7 of the sequences' tokens a chunk at most
         output = await pool.enqueue(SEQUENCES[:12], prefix=prefix)
         pool.description = {"shared_prefixes": "off"}

@@ -255,6 +255,55 @@ def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_pa
     assert whole.num_tokens == 12 * 50
 
 
+def test_rerank_with_a_judge_scores_chunked_documents_alike_shared_or_whole(tmp_path):
+    # Qwen3-Reranker's template on a tiny random judge (window 128): long documents split into chunks,
+    # each chunk a continuation of the one prefix, in batches of 256 tokens cut mid-request; with and
+    # without max_tokens_per_doc, the scores equal those of the whole pairs
+    import asyncio
+
+    from tokenizers import Tokenizer
+
+    from engine.build import build_engine
+    from engine.config import EngineConfig
+    from engine.loader import resolve_model
+    from scoring.rerank import RerankModel, RerankOptions, rerank_scores
+    from scoring.templates import QWEN3_JUDGE, SingleTemplate
+
+    save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
+    spec = resolve_model(str(tmp_path))
+    engine = build_engine(spec, EngineConfig(device="cpu", max_batch_tokens=256))
+    prefixes = []
+
+    class Recording:
+        shares_prefix = engine.shares_prefix
+
+        async def run(self, token_ids, token_type_ids=None, prefix=None):
+            prefixes.append(prefix)
+            return await engine.run(token_ids, token_type_ids, prefix=prefix)
+
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    model = RerankModel(
+        Recording(), spec.max_seq_length, SingleTemplate.from_tokenizer(tokenizer),
+        QWEN3_JUDGE.pair_template(tokenizer), cross_encoder=True, prompts=QWEN3_JUDGE,
+    )  # fmt: skip
+    query, *documents = random_sequences((6, 12, 150, 320, 45), seed=48)
+    try:
+        for max_tokens in (None, 100):
+            options = RerankOptions(max_tokens_per_doc=max_tokens, raw_scores=True)
+            scores = {}
+            for shares in (True, False):
+                engine.shares_prefixes = shares
+                scores[shares] = asyncio.run(rerank_scores(model, query, documents, options))
+            assert np.abs(scores[True] - scores[False]).max() <= TOLERANCE
+            assert np.ptp(scores[False]) > 100 * TOLERANCE
+    finally:
+        engine.stop()
+    pair = model.pair
+    prefix = [*pair.prefix.ids, *query, *pair.middle.ids]
+    assert prefixes == [prefix, None, prefix, None]
+    assert len(prefix) + 150 + len(pair.suffix.ids) > spec.max_seq_length  # the documents were chunked
+
+
 def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
     from engine.config import EngineConfig
     from engine.engine import Engine
@@ -280,8 +329,11 @@ def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
     judge = build_engine(resolve_model(str(tmp_path / "judge")), config)
     bidirectional = build_engine(resolve_model(str(tmp_path / "bidirectional"), bidirectional=True), config)
     try:
-        # on the CPU (no CUDA graphs) rerank sends its pairs so
+        # on the CPU (no CUDA graphs) rerank sends its pairs so wherever that saves a token
         assert judge.runs_prefixes and judge.shares_prefixes and not bidirectional.runs_prefixes
+        assert judge.shares_prefix(1, [5, 5]) and not judge.shares_prefix(10, [5])
+        assert judge.describe()["shared_prefixes"] == "1"
+        assert bidirectional.describe()["shared_prefixes"] == "off"
     finally:
         judge.stop()
         bidirectional.stop()
