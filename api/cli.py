@@ -74,6 +74,13 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, a
         "--auto-truncate", action="store_true", help="truncate over-long inputs instead of a 400"
     )
     serve.add_argument(
+        "--shared-prefixes",
+        choices=["on", "off"],
+        default="on",
+        help="on: a causal judge's rerank pairs run their shared prompt and query once a batch, where the "
+        "tokens that saves make it pay (400 with CUDA graphs); off: always as whole pairs",
+    )
+    serve.add_argument(
         "--accept-token-ids",
         action="store_true",
         help="let /v1/embeddings take token ids (the served model's own; by default a 400)",
@@ -222,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_batch_seqs=args.max_batch_seqs,
         max_queue_tokens=args.max_queue_tokens,
         auto_truncate=args.auto_truncate,
+        shared_prefixes=args.shared_prefixes == "on",
         accept_token_ids=args.accept_token_ids,
         api_key=args.api_key,
         max_inputs=args.max_inputs,

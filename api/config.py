@@ -57,6 +57,8 @@ class ServerConfig:
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None
     auto_truncate: bool = False
+    # a causal judge's pairs run their shared prefix once a batch where that pays (EngineConfig's)
+    shared_prefixes: bool = True
     # OpenAI token-id inputs are the served model's own ids only where this is set: the OpenAI ecosystem's
     # clients (LangChain's OpenAIEmbeddings by default) send tiktoken's, which would embed other text
     accept_token_ids: bool = False

@@ -4,6 +4,7 @@ connects to replicas another process started (one ReplicaHandles per model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -167,7 +168,8 @@ class Server:
         return spec
 
     def engine_config(self, max_window: int) -> EngineConfig:
-        return engine_config_for(self.config, max_window)
+        config = engine_config_for(self.config, max_window)
+        return dataclasses.replace(config, shared_prefixes=self.config.shared_prefixes)
 
     def names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
         given = self.config.served_model_names

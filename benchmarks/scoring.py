@@ -1,7 +1,10 @@
 """Suite 2, low-latency scoring: one query with 5, 25 and 50 documents, each (query, document) pair 512
 tokens after templating, through the rerank path (templates, chunking, one engine request, scores on the
 host) with a BERT-base-shaped cross-encoder and a Qwen3-Reranker-0.6B-shaped judge, against HF
-transformers on the same weights and the same token ids. `--smoke`: tiny shapes on the CPU, seconds."""
+transformers on the same weights and the same token ids. The judge's cases run with and without shared
+prefixes, and its 50-document ones also over HTTP: `/v2/rerank` of a live `posy serve` in its default
+layout, one client, with --shared-prefixes on and off. `--smoke`: tiny shapes on the CPU, seconds (no
+HTTP)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ QUERY_WORDS = 12
 RAG_DOCUMENTS, RAG_QUERY_TOKENS, RAG_PASSAGE_TOKENS = 50, 40, 150
 SMOKE_RAG = (8, 20)
 MAX_SCORE_ERROR = 1e-2  # posy in bf16 against the baseline in fp32
+HTTP_REPEATS = 20
 
 
 def rerank_model(engine, folder: Path, kind: str, window: int):
@@ -62,6 +66,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     loop = asyncio.new_event_loop()
     rng = random.Random(2)
     records, failures = [], []
+    http_cases: list[tuple[str, str, list[str]]] = []  # the judge's 50-document cases, for http_rerank
 
     def measure(case, model, tokenizer, baseline, query_ids, documents, context, length) -> float | None:
         """Times one case; its p50 in ms (None where the parity gate failed)."""
@@ -108,25 +113,26 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         context = RunContext(suite=options.suite, model=MODEL, gpu=gpu, backend=engine_backend(engine))
         tokenizer, model = rerank_model(engine, checkpoint.folder, kind, spec.max_seq_length)
         baseline = Baseline(checkpoint, device, dtype)
-        query_text = model.prompts.query_text(words(QUERY_WORDS, rng))
-        query_ids = tokenizer.encode(query_text, add_special_tokens=False).ids
+        query_words = words(QUERY_WORDS, rng)
+        query_ids = tokenizer.encode(model.prompts.query_text(query_words), add_special_tokens=False).ids
         document_tokens = pair_tokens - len(query_ids) - model.pair.num_special_tokens
         # a causal judge runs each pair's template head and query once (shared prefixes): its cases also
         # run without, and a RAG-sized one (a 40-token query, 150-token passages) shows the gain
         default = engine.shares_prefixes
         sharing = (True, False) if engine.runs_prefixes else (default,)
-        cases = [(n, document_tokens, query_ids, pair_tokens) for n in NUM_DOCUMENTS]
+        cases = [(n, document_tokens, query_words, query_ids, pair_tokens) for n in NUM_DOCUMENTS]
         if engine.runs_prefixes:
-            rag_query = model.prompts.query_text(words(SMOKE_RAG[0] if smoke else RAG_QUERY_TOKENS, rng))
-            rag_ids = tokenizer.encode(rag_query, add_special_tokens=False).ids
+            rag_words = words(SMOKE_RAG[0] if smoke else RAG_QUERY_TOKENS, rng)
+            rag_ids = tokenizer.encode(model.prompts.query_text(rag_words), add_special_tokens=False).ids
             passage = SMOKE_RAG[1] if smoke else RAG_PASSAGE_TOKENS
-            cases.append(
-                (RAG_DOCUMENTS, passage, rag_ids, len(rag_ids) + passage + model.pair.num_special_tokens)
-            )
+            rag_length = len(rag_ids) + passage + model.pair.num_special_tokens
+            cases.append((RAG_DOCUMENTS, passage, rag_words, rag_ids, rag_length))
         try:
-            for num_documents, document, query, length in cases:
+            for num_documents, document, query_text, query, length in cases:
                 documents = [words(document, rng) for _ in range(num_documents)]
                 case = f"{name}-{num_documents}x{length}"
+                if engine.runs_prefixes and num_documents == RAG_DOCUMENTS and not smoke:
+                    http_cases.append((case, query_text, documents))
                 p50 = {}
                 for shares in sharing:
                     engine.shares_prefixes = shares
@@ -141,5 +147,42 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
                     print(f"{case}: shared prefix {speedup:.2f}x the whole pairs")
         finally:
             engine.stop()
+        if http_cases:
+            records.extend(http_rerank(checkpoint.folder, http_cases, options.suite, gpu))
     loop.close()
     return SuiteOutcome(records, failures)
+
+
+def http_rerank(folder: Path, cases: list, suite: str, gpu: str | None) -> list:
+    """p50 of `/v2/rerank` for each (case, query, documents), one request at a time from an httpx client,
+    on a live `posy serve` of `folder` in its default layout, with shared prefixes on, then off."""
+    import httpx
+
+    from benchmarks.live_server import serve, served_backend, served_info
+    from benchmarks.timing import timed
+
+    p50, records = {}, []
+    for sharing in ("on", "off"):
+        with serve(folder, "--served-model-name", "judge", "--shared-prefixes", sharing) as url:
+            backend, rule = served_backend(url), served_info(url, "shared_prefixes")
+            print(f"HTTP, --shared-prefixes {sharing}: backend {backend}, shared prefixes {rule}", flush=True)
+            with httpx.Client(base_url=url, timeout=120.0, trust_env=False) as client:
+                for case, query, documents in cases:
+                    body = {"model": "judge", "query": query, "documents": documents}
+
+                    def post(body: dict = body, case: str = case) -> None:
+                        response = client.post("/v2/rerank", json=body)
+                        if response.status_code != 200:
+                            raise RuntimeError(f"{case}: {response.status_code} {response.text[:200]}")
+
+                    for _ in range(3):  # eager, capture, replay
+                        post()
+                    p50[case, sharing] = 1000 * float(np.median(timed(post, HTTP_REPEATS, "cpu")))
+    context = RunContext(suite=suite, model=MODEL, gpu=gpu, backend=backend)
+    for case, _, _ in cases:
+        shared, whole = p50[case, "on"], p50[case, "off"]
+        records.append(context.record(f"{case}-http-shared", "latency_p50_ms", shared, "ms"))
+        records.append(context.record(f"{case}-http", "latency_p50_ms", whole, "ms"))
+        records.append(context.record(f"{case}-http", "shared_prefix_speedup", whole / shared, "x"))
+        print(f"{case} over HTTP: shared {shared:.2f} ms, whole pairs {whole:.2f} ms, {whole / shared:.2f}x")
+    return records

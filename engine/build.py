@@ -68,9 +68,10 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
     # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
     causal = bool(getattr(model.backbone.config, "causal", False))
-    engine.runs_prefixes = engine.shares_prefixes = backend.reads_key_layout and causal
+    engine.runs_prefixes = backend.reads_key_layout and causal
+    engine.shares_prefixes = engine.runs_prefixes and config.shared_prefixes
     engine.min_saved_tokens = MIN_SAVED_TOKENS_EAGER if graphs is None else MIN_SAVED_TOKENS_GRAPHS
-    if engine.runs_prefixes:
+    if engine.shares_prefixes:
         logger.info(
             "%s: a rerank's pairs run their shared prefix (template and query) once a batch where that "
             "saves at least %d tokens%s", spec.name, engine.min_saved_tokens,

@@ -39,6 +39,9 @@ class EngineConfig:
     # whole-model CUDA graphs: "off"; "lazy" (a bucket's first hit runs eagerly, its second
     # captures, later hits replay); "eager-warmup" (capture every bucket at start-up, largest first)
     cuda_graphs: str = "lazy"
+    # a causal scorer's pairs run the prefix they share (template head and query) once a batch, where the
+    # measured rule of engine/prefixes.py says it pays; False: always as whole pairs
+    shared_prefixes: bool = True
 
     def check(self, max_window: int) -> None:
         if self.max_batch_tokens < max_window:

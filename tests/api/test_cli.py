@@ -166,6 +166,21 @@ def test_request_limits_flags_defaults_and_environment_twins():
             parse(["serve", *argv])
 
 
+def test_shared_prefixes_flag_reaches_the_engine_config(tmp_path):
+    from api.server import Server
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    assert parse(["serve"]).shared_prefixes
+    assert not parse(["serve", "--shared-prefixes", "off"]).shared_prefixes
+    assert not parse(["serve"], {"POSY_SHARED_PREFIXES": "off"}).shared_prefixes
+    with pytest.raises(SystemExit):
+        parse(["serve", "--shared-prefixes", "sometimes"])
+    save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
+    for value, shares in (("on", True), ("off", False)):
+        config = parse(["serve", "--model", str(tmp_path), "--shared-prefixes", value, "--device", "cpu"])
+        assert Server(config).engine_config(128).shared_prefixes is shares
+
+
 def test_api_workers_flag_default_and_environment_twin():
     assert parse(["serve"]).api_workers == 1
     assert parse(["serve", "--api-workers", "4"]).api_workers == 4

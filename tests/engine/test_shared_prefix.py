@@ -2,6 +2,8 @@
 prefix's keys and then its own, its positions going on from the prefix's length. Scores equal those of
 each full sequence alone (fp32, 1e-5), on a tiny random Qwen3 judge and a decoder sequence classifier."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -337,6 +339,14 @@ def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
     finally:
         judge.stop()
         bidirectional.stop()
+    # --shared-prefixes off: the judge still runs prefixes it is sent, but asks for none
+    config = dataclasses.replace(config, shared_prefixes=False)
+    judge = build_engine(resolve_model(str(tmp_path / "judge")), config)
+    try:
+        assert judge.runs_prefixes and not judge.shares_prefix(100, [5] * 50)
+        assert judge.describe()["shared_prefixes"] == "off"
+    finally:
+        judge.stop()
 
 
 @pytest.mark.gpu
