@@ -47,9 +47,9 @@ def test_a_continuation_attends_as_the_tail_of_the_whole_sequence(window):
     assert torch.allclose(got, expected, atol=1e-6)
 
 
-def scores_both_ways(model, prefixes, suffixes_of, plain=()):
-    """Logits of [prefix, its suffixes...] groups (and plain sequences between them) packed with shared
-    prefixes, and of each full sequence packed on its own."""
+def shared_layout(prefixes, suffixes_of, plain=()):
+    """[prefix, its suffixes..., plain...] groups: (sequences, prefix_of, the indexes of the rows wanted,
+    each wanted row's full sequence)."""
     sequences, prefix_of, wanted, full = [], [], [], []
     for prefix, suffixes in zip(prefixes, suffixes_of):
         sequences.append(prefix)
@@ -65,6 +65,13 @@ def scores_both_ways(model, prefixes, suffixes_of, plain=()):
             sequences.append(extra)
             prefix_of.append(-1)
             full.append(extra)
+    return sequences, prefix_of, wanted, full
+
+
+def scores_both_ways(model, prefixes, suffixes_of, plain=()):
+    """Logits of [prefix, its suffixes...] groups (and plain sequences between them) packed with shared
+    prefixes, and of each full sequence packed on its own."""
+    sequences, prefix_of, wanted, full = shared_layout(prefixes, suffixes_of, plain)
     with torch.inference_mode():
         shared = model(pack(sequences, prefix_of=prefix_of))[wanted]
         alone = torch.cat([model(pack([ids])) for ids in full])
@@ -132,16 +139,7 @@ def test_a_graphs_buffers_run_shared_prefixes_as_their_whole_pairs(judge, monkey
     rng = np.random.default_rng(seed)
     prefixes = random_sequences(rng.integers(1, 60, 2).tolist(), seed=60 + seed)
     suffixes = [random_sequences(rng.integers(1, 70, int(n)).tolist(), seed=70 + seed) for n in (3, 5)]
-    sequences, prefix_of, wanted, whole = [], [], [], []
-    for prefix, continuations in zip(prefixes, suffixes):
-        at = len(sequences)
-        sequences.append(prefix)
-        prefix_of.append(-1)
-        for suffix in continuations:
-            wanted.append(len(sequences))
-            sequences.append(suffix)
-            prefix_of.append(at)
-            whole.append(prefix + suffix)
+    sequences, prefix_of, wanted, whole = shared_layout(prefixes, suffixes)
     batch = pack(sequences, prefix_of=prefix_of)
     key = graphs.key(batch)
     assert key[3] >= 64 * -(-batch.num_tokens // 64) + sum(len(sequences[at]) for at in prefix_of if at >= 0)
@@ -349,24 +347,33 @@ def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
         judge.stop()
 
 
-@pytest.mark.gpu
-def test_on_cuda_in_bf16_continuations_score_as_their_whole_pairs(tmp_path):
-    # Qwen3-0.6B's heads (16/8, head dim 128) on the default backend: the shared-prefix batch's judge
-    # logits against the whole pairs' in the same dtype
+def cuda_judge(folder, backend_name, graphs=False):
+    """(a small judge with Qwen3-0.6B's heads, 16/8 of head dim 128, in bf16 on CUDA; its backend), or a
+    skip where CUDA, the backend or its key layouts are missing."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from engine.errors import AttentionBackendUnavailable
     from engine.loader import load_model, resolve_model
 
     save_random_qwen3(
-        tmp_path, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,
+        folder, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,
         head_dim=128, intermediate_size=512, max_position_embeddings=1024,
     )  # fmt: skip
-    spec = resolve_model(str(tmp_path))
     shape = dict(num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
-    backend = select_backend("auto", "cuda", **shape)
+    try:
+        backend = select_backend(backend_name, "cuda", **shape, graphs=graphs)
+    except AttentionBackendUnavailable as error:
+        pytest.skip(str(error))
     if not backend.reads_key_layout:
         pytest.skip(f"{backend.describe()} runs no shared prefixes here")
-    model = load_model(spec, "cuda", torch.bfloat16, backend)
+    return load_model(resolve_model(str(folder)), "cuda", torch.bfloat16, backend), backend
+
+
+@pytest.mark.gpu
+def test_on_cuda_in_bf16_continuations_score_as_their_whole_pairs(tmp_path):
+    # on the default backend: the shared-prefix batch's judge logits against the whole pairs' in the
+    # same dtype
+    model, _ = cuda_judge(tmp_path, "auto")
     prefixes = random_sequences((90,), seed=51)
     suffixes = [random_sequences((150, 7, 300, 150), seed=52)]
     with torch.inference_mode():
@@ -380,44 +387,20 @@ def test_on_cuda_in_bf16_continuations_score_as_their_whole_pairs(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend_name", ["torch-varlen", "flashinfer", "triton"])
 def test_cuda_graphs_of_shared_prefix_batches_score_as_their_whole_pairs(tmp_path, backend_name):
-    # Qwen3-0.6B's heads (16/8, head dim 128) in bf16: shared-prefix batches of several shapes, each run
-    # three times through the graph cache (eager, capture, replay), and many batches of new lengths through
-    # one captured key, against the whole pairs run eagerly
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+    # shared-prefix batches of several shapes, each run three times through the graph cache (eager,
+    # capture, replay), and many batches of new lengths through one captured key, against the whole pairs
+    # run eagerly
     from engine.config import EngineConfig
     from engine.cuda_graphs import GraphCache
-    from engine.errors import AttentionBackendUnavailable
-    from engine.loader import load_model, resolve_model
 
-    save_random_qwen3(
-        tmp_path, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=128, intermediate_size=512, max_position_embeddings=1024,
-    )  # fmt: skip
-    spec = resolve_model(str(tmp_path))
-    try:
-        shape = dict(num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
-        backend = select_backend(backend_name, "cuda", **shape, graphs=True)
-    except AttentionBackendUnavailable as error:
-        pytest.skip(str(error))
-    if not backend.reads_key_layout:
-        pytest.skip(f"{backend.describe()} runs no shared prefixes here")
-    model = load_model(spec, "cuda", torch.bfloat16, backend)
+    model, backend = cuda_judge(tmp_path, backend_name, graphs=True)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_tokens=8192)
     graphs = GraphCache(model, backend, config, torch.device("cuda"), max_seqlen=1024)
 
     def both(prefix_lengths, suffix_lengths, seed):
         prefixes = random_sequences(prefix_lengths, seed=seed)
-        sequences, prefix_of, whole = [], [], []
-        for n, prefix in enumerate(prefixes):
-            at = len(sequences)
-            sequences.append(prefix)
-            prefix_of.append(-1)
-            for suffix in random_sequences(suffix_lengths, seed=seed + 1 + n):
-                sequences.append(suffix)
-                prefix_of.append(at)
-                whole.append(prefix + suffix)
-        wanted = [index for index, at in enumerate(prefix_of) if at >= 0]
+        suffixes = [random_sequences(suffix_lengths, seed=seed + 1 + n) for n in range(len(prefixes))]
+        sequences, prefix_of, wanted, whole = shared_layout(prefixes, suffixes)
         return pack(sequences, prefix_of=prefix_of), wanted, pack(whole)
 
     shapes = [((90,), (150, 7, 300, 150)), ((40,), (160,) * 20), ((100, 30), (412, 5)), ((1,), (1, 2))]
