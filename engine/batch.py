@@ -20,6 +20,9 @@ class PackedBatch:
     # host [num_seqs] int64: the sequence of this batch whose tokens each sequence continues (a shared
     # prefix, which precedes it and attends to itself only), -1 for none; None: no sequence has one
     prefix_of: torch.Tensor | None = None
+    # host [num_seqs] int64: each sequence's trailing tokens that attend but are no key of any token (a
+    # ColBERT query's expansion tokens); None: every token is a key
+    num_query_only: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -37,6 +40,7 @@ class PackedBatch:
             cu_seqlens=self.cu_seqlens.pin_memory(),
             max_seqlen=self.max_seqlen,
             prefix_of=self.prefix_of,
+            num_query_only=self.num_query_only,
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -47,6 +51,7 @@ class PackedBatch:
             cu_seqlens=self.cu_seqlens.to(device, non_blocking=True),
             max_seqlen=self.max_seqlen,
             prefix_of=self.prefix_of,  # read on the host, by the attention metadata
+            num_query_only=self.num_query_only,  # likewise
         )
 
 
@@ -54,10 +59,13 @@ def pack(
     token_ids: Sequence[Sequence[int]],
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
     prefix_of: Sequence[int] | None = None,
+    query_only_token: int | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
     (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
-    length, and its keys are the prefix's, then its own (AttentionMetadata.build)."""
+    length, and its keys are the prefix's, then its own (AttentionMetadata.build). A sequence's trailing
+    run of `query_only_token` attends to the tokens before it but is no key (a ColBERT query's expansion:
+    a tokenized text ends with a special token, never with it)."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -87,7 +95,25 @@ def pack(
                 flat_types[start : start + len(types)] = types
     tensors = (torch.from_numpy(array) for array in (flat_ids, flat_types, positions, cu_seqlens))
     prefix_tensor = None if prefixes is None else torch.from_numpy(prefixes)
-    return PackedBatch(*tensors, max_seqlen=max(lengths), prefix_of=prefix_tensor)
+    query_only = None if query_only_token is None else trailing_counts(token_ids, query_only_token)
+    if query_only is not None and prefixes is not None:
+        raise ValueError("a batch's sequences either continue prefixes or end in query-only tokens")
+    return PackedBatch(*tensors, max_seqlen=max(lengths), prefix_of=prefix_tensor, num_query_only=query_only)
+
+
+def trailing_counts(token_ids: Sequence[Sequence[int]], token: int) -> torch.Tensor | None:
+    """[num_seqs] int64: how many of each sequence's last tokens are `token`; None where none is."""
+    counts = []
+    for ids in token_ids:
+        count = 0
+        while count < len(ids) and ids[len(ids) - 1 - count] == token:
+            count += 1
+        counts.append(count)
+    if not any(counts):
+        return None
+    if any(count == len(ids) for count, ids in zip(counts, token_ids)):
+        raise ValueError("a sequence of query-only tokens alone has no key to attend to")
+    return torch.tensor(counts, dtype=torch.int64)
 
 
 def check_prefixes(prefixes: np.ndarray, num_seqs: int) -> None:

@@ -172,6 +172,7 @@ class GraphCache:
         """`attention`: the model's backend; `max_seqlen`: the model window, the longest real sequence a
         batch can hold."""
         self.model = model
+        self.token_rows = getattr(model, "token_rows", False)  # a row a token, not a sequence
         self.attention = attention
         self.config = config
         self.device = device
@@ -217,8 +218,9 @@ class GraphCache:
         return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
-        """[num_seqs, out_dim] rows on the device from a graph, or None: run this batch eagerly."""
-        key = self.key(batch)
+        """[num_seqs, out_dim] rows (a token head's: [num_tokens, out_dim]) on the device from a graph, or
+        None: run this batch eagerly (also one with query-only tokens, whose key layout no graph stages)."""
+        key = self.key(batch) if batch.num_query_only is None else None
         if key is None:
             return None
         self.num_hits[key] += 1
@@ -237,7 +239,7 @@ class GraphCache:
         graph.inputs.ints.copy_(graph.staging, non_blocking=True)
         graph.staged.record()
         graph.graph.replay()
-        return graph.output[: batch.num_seqs]
+        return graph.output[: batch.num_tokens if self.token_rows else batch.num_seqs]
 
     def capture(self, key: GraphKey) -> _Graph:
         started = time.perf_counter()

@@ -4,6 +4,7 @@ asyncio future in process; any EngineRequest, such as a replica's reply)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -79,6 +80,10 @@ class Engine:
         self.runs_prefixes = False
         self.shares_prefixes = False
         self.min_saved_tokens = MIN_SAVED_TOKENS_EAGER
+        # what the model gives: a row a token (ColBERT, bge-m3) or a sequence; and the token whose trailing
+        # run in a sequence is query-only (a ColBERT query's expansion, batch.pack)
+        self.token_rows: bool = getattr(runner, "token_rows", False)
+        self.query_only_token: int | None = getattr(runner, "query_only_token", None)
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
@@ -134,7 +139,7 @@ class Engine:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         prefix: Sequence[int] | None = None,
     ) -> np.ndarray:
-        """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
+        """One row per sequence ([num_seqs, out_dim] float32; a token head's: one a token), in order."""
         return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
 
     def enqueue(
@@ -169,7 +174,7 @@ class Engine:
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         if prefix is not None:
-            if not self.runs_prefixes:
+            if not self.runs_prefixes or self.token_rows:
                 raise ValueError("this engine does not run shared prefixes")
             if len(prefix) == 0 or token_type_ids is not None:
                 raise ValueError("a shared prefix has tokens, and its sequences no token types")
@@ -178,6 +183,8 @@ class Engine:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
+        if self.token_rows:
+            request.expect_token_rows(lengths)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         self.scheduler.submit(
@@ -243,6 +250,7 @@ class Engine:
                 [sequence.token_ids for sequence in batch],
                 [sequence.token_type_ids for sequence in batch],
                 prefix_of if max(prefix_of) >= 0 else None,
+                self.query_only_token,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -269,6 +277,12 @@ class Engine:
         # a request's sequences sit side by side in a batch (after its prefix, which has no row of the
         # request's): one hand-over per request
         batch, start = in_flight.batch, 0
+        # where each sequence's rows start: its index, or with a row a token its first token's
+        row_starts = (
+            list(itertools.accumulate((len(sequence.token_ids) for sequence in batch), initial=0))
+            if self.token_rows
+            else range(len(batch) + 1)
+        )
         while start < len(batch):
             if batch[start].is_prefix:
                 start += 1
@@ -276,7 +290,7 @@ class Engine:
             owner, end = batch[start].owner, start + 1
             while end < len(batch) and batch[end].owner is owner:
                 end += 1
-            owner.set_rows(batch[start].index, rows[start:end])
+            owner.set_rows(batch[start].index, rows[row_starts[start] : row_starts[end]])
             start = end
 
     @staticmethod

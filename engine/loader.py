@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.colbert import ColbertConfig, is_colbert_folder, read_colbert
 from engine.config import MODEL_IMPLS
 from engine.cross_encoder import LogitScore, module_kinds, read_cross_encoder
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
@@ -22,8 +23,10 @@ from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import DenseLayout
 from engine.models.heads import Embedder
-from engine.models.registry import build_model, fallback_entry, lookup, spec_entry
+from engine.models.registry import MODEL_TYPES, build_model, fallback_entry, lookup, spec_entry
+from engine.models.sparse import SpladeConfig
 from engine.progress import progress
+from engine.sparse_encoder import M3_FILES, is_m3_folder, is_splade_folder, read_splade
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,9 @@ class ModelSpec:
     name: str  # the id the user gave
     architecture: str
     hf_config: Any  # transformers.PretrainedConfig
-    task: str  # "embed" | "score"
+    # "embed" | "score" | "token_embed" (ColBERT: a vector a token) | "sparse_embed" (SPLADE: vocabulary
+    # weights a text)
+    task: str
     pooling: str  # "mean" | "cls" | "last"
     normalize: bool
     max_seq_length: int  # the model window, special tokens included
@@ -75,6 +80,10 @@ class ModelSpec:
     implementation: str = "posy"  # "posy": a packed model; "transformers": the fallback
     trust_remote_code: bool = False  # the fallback may run the code in the checkpoint folder
     logit_score: LogitScore | None = None  # a sentence-transformers CrossEncoder's judge of a causal LM
+    colbert: ColbertConfig | None = None  # a ColBERT model's markers, lengths and skiplist
+    splade: SpladeConfig | None = None  # a SPLADE model's pooling
+    # bge-m3: its dense vector, lexical weights and ColBERT vectors from one forward (engine/models/bge_m3.py)
+    m3: bool = False
 
 
 def resolve_model(
@@ -153,6 +162,17 @@ def read_spec(
     run_bare = modules is not None and not cross_encoder
     # a LogitScore module makes any causal LM posy packs a judge
     logit_score_module = cross_encoder and "LogitScore" in module_kinds(modules or [])
+    colbert = splade = None
+    if is_colbert_folder(folder, modules, hf_config):
+        colbert = read_colbert(name, folder, transformer_dir, modules)
+    elif is_splade_folder(module_kinds(modules or [])):
+        splade = read_splade(name, folder, modules or [])
+    if colbert is not None and modules is None and hf_config.model_type in MODEL_TYPES:
+        # colbert-ai's HF_ColBERT: its bare model
+        given, run_bare = MODEL_TYPES[hf_config.model_type][1], True
+    token_head = colbert is not None or splade is not None
+    if token_head and model_impl == "transformers":
+        raise UnsupportedModel(f"model {name!r}: posy runs ColBERT and SPLADE heads on the families it packs")
     entry, implementation = None, "transformers"
     if model_impl != "transformers":
         try:
@@ -160,7 +180,7 @@ def read_spec(
             entry.family.backbone.check(hf_config)  # a config value posy cannot honour
             implementation = "posy"
         except UnsupportedModel as why:
-            if model_impl == "posy":
+            if model_impl == "posy" or token_head:
                 raise
             entry = None
             logger.info("%s: posy does not pack it (%s); it runs through transformers", name, why)
@@ -186,7 +206,12 @@ def read_spec(
     # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
     pooling, normalize = ("mean" if bidirectional else entry.pooling), entry.normalize
     dense: tuple[DenseLayout, ...] = ()
-    if modules is not None and task == "embed":
+    if colbert is not None:
+        task, normalize = "token_embed", True
+        dense = colbert_projection(name, folder, modules, hf_config.hidden_size, colbert)
+    elif splade is not None:
+        task, normalize = "sparse_embed", False
+    elif modules is not None and task == "embed":
         pooling, normalize, dense = sentence_transformers_pooling(name, folder, modules)
     sizes = [hf_config.hidden_size, *(layer.out_features for layer in dense)]
     for layer, size in zip(dense, sizes):
@@ -203,7 +228,9 @@ def read_spec(
         if isinstance(limit, int) and 0 < limit < window:
             window = limit
     st_config = read_json(transformer_dir / "sentence_bert_config.json") or {}
-    if st_config.get("max_seq_length"):
+    if colbert is not None:  # PyLate sets the Transformer's length to the query's or document's each call
+        window = min(window, colbert.window)
+    elif st_config.get("max_seq_length"):
         window = min(window, int(st_config["max_seq_length"]))
     tokenizer_path = transformer_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
@@ -222,7 +249,7 @@ def read_spec(
         max_seq_length=window,
         vocab_size=hf_config.vocab_size,
         num_labels=num_labels,
-        output_dim=num_labels if num_labels is not None else sizes[-1],
+        output_dim=num_labels or (hf_config.vocab_size if splade is not None else sizes[-1]),
         tokenizer_path=tokenizer_path,
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
@@ -233,6 +260,9 @@ def read_spec(
         trust_remote_code=trust_remote_code,
         dense=dense,
         matryoshka=task == "embed" and model_card_says_matryoshka(folder),
+        colbert=colbert,
+        splade=splade,
+        m3=task == "embed" and implementation == "posy" and is_m3_folder(folder),
     )
 
 
@@ -263,6 +293,34 @@ def sentence_transformers_path(
     return default
 
 
+def colbert_projection(
+    name: str, folder: Path, modules: list[dict] | None, hidden_size: int, colbert: ColbertConfig
+) -> tuple[DenseLayout, ...]:
+    """A ColBERT model's projection: PyLate's Dense modules, or colbert-ai's bias-free `linear`."""
+    if modules is None:
+        dim = colbert.linear_dim or hidden_size
+        return (DenseLayout(folder, hidden_size, dim, bias=False, activation="Identity", residual=False),)
+    kinds = module_kinds(modules)
+    if [kind for kind in kinds if kind != "Dense"] != ["Transformer"] or kinds[0] != "Transformer":
+        raise UnsupportedModel(f"model {name!r}: ColBERT modules {kinds} are not supported")
+    return dense_layouts(name, folder, modules)
+
+
+def dense_layouts(name: str, folder: Path, modules: list[dict]) -> tuple[DenseLayout, ...]:
+    """The Dense modules of a sentence-transformers folder, in order."""
+    dense = []
+    for module in modules:
+        if module["type"].rsplit(".", 1)[-1] == "Dense":
+            dense_folder = folder / module.get("path", "")
+            dense_config = read_json(dense_folder / "config.json")
+            if dense_config is None:
+                raise UnsupportedModel(
+                    f"model {name!r}: no config.json in its Dense module {module.get('path')!r}"
+                )
+            dense.append(DenseLayout.read(dense_folder, dense_config, name))
+    return tuple(dense)
+
+
 def sentence_transformers_pooling(
     name: str, folder: Path, modules: list[dict]
 ) -> tuple[str, bool, tuple[DenseLayout, ...]]:
@@ -289,17 +347,7 @@ def sentence_transformers_pooling(
         mode = mode[0]
     if not isinstance(mode, str) or mode not in ST_POOLING_MODES or config.get("include_prompt") is False:
         raise UnsupportedModel(f"model {name!r}: sentence-transformers pooling {config} is not supported")
-    dense = []
-    for module in modules:
-        if module["type"].rsplit(".", 1)[-1] == "Dense":
-            dense_folder = folder / module.get("path", "")
-            dense_config = read_json(dense_folder / "config.json")
-            if dense_config is None:
-                raise UnsupportedModel(
-                    f"model {name!r}: no config.json in its Dense module {module.get('path')!r}"
-                )
-            dense.append(DenseLayout.read(dense_folder, dense_config, name))
-    return ST_POOLING_MODES[mode], "Normalize" in kinds, tuple(dense)
+    return ST_POOLING_MODES[mode], "Normalize" in kinds, dense_layouts(name, folder, modules)
 
 
 def load_model(
@@ -341,7 +389,16 @@ def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtyp
 
 
 def dense_tensors(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """The Dense modules' tensors, each under its module's name among the checkpoint's."""
+    """The Dense modules' tensors, each under its module's name among the checkpoint's (colbert-ai's
+    projection is in the checkpoint itself); bge-m3's two extra heads under their file names."""
+    if spec.m3:
+        return {
+            f"{Path(file).stem}.{key}": value
+            for file in M3_FILES
+            for key, value in load_pickle(spec.path / file).items()
+        }
+    if spec.colbert is not None and spec.colbert.linear_dim is not None:
+        return {}
     return {
         f"{DENSE_PREFIX}.{index}.{key}": value
         for index, layer in enumerate(spec.dense)

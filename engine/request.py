@@ -5,7 +5,9 @@ message in a replica process)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +19,7 @@ from engine.passing_thread import settle
 class EngineOutput:
     """A request's rows, in the order of its sequences, and where its engine time went."""
 
-    rows: np.ndarray  # [num_seqs, out_dim] float32
+    rows: np.ndarray  # [num_seqs, out_dim] float32 (a token head's: [num_tokens, out_dim])
     queue_s: float  # from submission until its first sequence was batched
     inference_s: float  # from then until its last row was back on the host
     num_tokens: int  # the tokens the model ran for it: its sequences, and its shared prefix once a batch
@@ -26,11 +28,12 @@ class EngineOutput:
 class EngineRequest:
     """Rows arrive a batch's worth at a time on the engine's thread; the last ones call `done`."""
 
-    __slots__ = ("num_pending", "rows", "submitted_at", "started_at", "num_tokens")
+    __slots__ = ("num_pending", "rows", "row_starts", "submitted_at", "started_at", "num_tokens")
 
     def __init__(self, num_seqs: int):
-        self.num_pending = num_seqs
+        self.num_pending = num_seqs  # rows still to come
         self.rows: np.ndarray | None = None
+        self.row_starts: list[int] | None = None  # with a row a token: each sequence's first row
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.num_tokens = 0  # run so far, counted as batches launch
@@ -42,8 +45,15 @@ class EngineRequest:
         if self.started_at is None:
             self.started_at = now
 
+    def expect_token_rows(self, lengths: Sequence[int]) -> None:
+        """The engine's head gives a row a token: the sequences' rows are their tokens'."""
+        self.row_starts = list(itertools.accumulate(lengths, initial=0))
+        self.num_pending = self.row_starts[-1]
+
     def set_rows(self, start: int, rows: np.ndarray) -> None:
         """Rows of sequences start, start + 1, ... (a batch holds a request's sequences in order)."""
+        if self.row_starts is not None:
+            start = self.row_starts[start]
         if self.rows is None:
             if len(rows) == self.num_pending:  # the whole request in one batch: no copy
                 self.num_pending = 0

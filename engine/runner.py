@@ -14,17 +14,23 @@ from engine.lazy import HostBuffers, LazyTensor
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, graphs: GraphCache | None = None):
         self.model = model
+        # a row a token (ColBERT, bge-m3) instead of a sequence; a query's trailing tokens that are no keys
+        self.token_rows = bool(getattr(model, "token_rows", False))
+        self.query_only_token: int | None = getattr(model, "query_only_token", None)
         self.device = device
         self.graphs = graphs
         self.host_buffers = HostBuffers()
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
-        """[num_tokens] packed host ids -> LazyTensor of [num_seqs, out_dim] float32 rows."""
+        """[num_tokens] packed host ids -> LazyTensor of [num_seqs, out_dim] float32 rows (a token head's:
+        [num_tokens, out_dim])."""
         output = self.graphs.run(batch) if self.graphs is not None else None
         if output is None:
             # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of)
+            meta = AttentionMetadata.build(
+                batch.cu_seqlens, batch.max_seqlen, batch.prefix_of, batch.num_query_only
+            )
             meta = meta.to(self.device)
             if self.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copies below do not block the host

@@ -13,13 +13,15 @@ from engine.attention.position_bias import PositionBias
 
 
 def window_mask(
-    seqlen: int, window: Window, device: torch.device, num_keys: int | None = None
+    seqlen: int, window: Window, device: torch.device, num_keys: int | None = None, aligned_end: bool = True
 ) -> torch.Tensor:
     """Boolean [seqlen, num_keys] mask (num_keys None: seqlen), True where a query may attend a key; with
-    more keys than queries, the queries are the last of them (a shared prefix's continuation)."""
+    more keys than queries, the queries are the last of them (a shared prefix's continuation) where
+    `aligned_end`, else query j sits at key position j (query-only tokens after the keys)."""
     left, right = window
     num_keys = seqlen if num_keys is None else num_keys
-    query = torch.arange(num_keys - seqlen, num_keys, device=device)[:, None]
+    first = num_keys - seqlen if aligned_end else 0
+    query = torch.arange(first, first + seqlen, device=device)[:, None]
     key = torch.arange(num_keys, device=device)[None, :]
     allowed = torch.ones(seqlen, num_keys, dtype=torch.bool, device=device)
     if left >= 0:
@@ -105,7 +107,8 @@ def continuations(
     for seq, (seqlen, num_keys) in enumerate(zip(meta.seqlens, meta.keys.seqlens)):
         queries = slice(query_starts[seq], query_starts[seq] + seqlen)
         keys = slice(key_starts[seq], key_starts[seq] + num_keys)
-        mask = None if window is None else window_mask(seqlen, window, q.device, num_keys)
+        aligned_end = meta.keys.aligned_end
+        mask = None if window is None else window_mask(seqlen, window, q.device, num_keys, aligned_end)
         seq_q, seq_k, seq_v = (x.transpose(0, 1) for x in (q[queries], k[keys], v[keys]))
         seq_out = F.scaled_dot_product_attention(seq_q, seq_k, seq_v, attn_mask=mask, scale=scale)
         out[queries] = seq_out.transpose(0, 1)

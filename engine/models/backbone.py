@@ -46,6 +46,21 @@ class ClassifierLayout:
     ignored: tuple[str, ...] = ()  # checkpoint names beside the head that it does not read
 
 
+@dataclass(frozen=True, slots=True)
+class MlmLayout:
+    """A family's masked-LM head, by its checkpoint module names: dense, activation, LayerNorm, then the
+    decoder over the vocabulary (tied to the token embeddings unless the config unties it) and its bias,
+    which some checkpoints also save under `bias_aliases`."""
+
+    dense: str
+    norm: str
+    decoder: str
+    bias: str
+    activation: str | None = None  # None: the config's
+    norm_eps: float | None = None  # None: the config's
+    bias_aliases: tuple[str, ...] = ()
+
+
 class Backbone(nn.Module):
     """A family's embeddings and layers. `encode` gives the hidden states of every token before
     `finish`, a row-wise closing step (the final norm, or nothing), so that a head that reads one row
@@ -93,6 +108,9 @@ class Backbone(nn.Module):
 
     def classifier_layout(self) -> ClassifierLayout:
         raise UnsupportedModel(f"{type(self).__name__} has no sequence-classification head")
+
+    def mlm_layout(self) -> MlmLayout:
+        raise UnsupportedModel(f"{type(self).__name__} has no masked-LM head (SPLADE) in posy")
 
     def encode(
         self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None

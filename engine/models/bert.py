@@ -17,7 +17,7 @@ from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
 from engine.layers.embed_norm import embed_layer_norm
 from engine.layers.linear_act import LinearActivation
-from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
+from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout, MlmLayout
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec, WeightTargets
@@ -57,6 +57,7 @@ class BertVariant:
     token_types: str
     classifier: ClassifierLayout
     pretraining_heads: tuple[str, ...]  # what an embedder does not read
+    mlm: MlmLayout  # the masked-LM head (SPLADE reads its logits)
     layers: str = "encoder.layer"  # the checkpoint's list of layers
     layer_names: dict[str, str] = field(default_factory=lambda: BERT_LAYER_NAMES)
     qkv: tuple[str, ...] = ("attention.self.query", "attention.self.key", "attention.self.value")
@@ -70,8 +71,19 @@ class BertVariant:
 
 # BERT's pooler and `cls.*`, RoBERTa's `lm_head.*`
 BERT_PRETRAINING_HEADS = ("pooler.", "cls.", "lm_head.")
+BERT_MLM = MlmLayout(
+    "cls.predictions.transform.dense",
+    "cls.predictions.transform.LayerNorm",
+    "cls.predictions.decoder",
+    "cls.predictions.bias",
+    bias_aliases=("cls.predictions.decoder.bias",),
+)
+ROBERTA_MLM = MlmLayout(
+    "lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "lm_head.bias", "gelu",
+    bias_aliases=("lm_head.decoder.bias",),
+)  # fmt: skip
 BERT = BertVariant(
-    False, "each", ClassifierLayout(out="classifier", dense="pooler.dense"), BERT_PRETRAINING_HEADS
+    False, "each", ClassifierLayout(out="classifier", dense="pooler.dense"), BERT_PRETRAINING_HEADS, BERT_MLM
 )
 # RoBERTa's classifier never reads the pooler that some checkpoints still carry
 ROBERTA = BertVariant(
@@ -79,12 +91,16 @@ ROBERTA = BertVariant(
     "first",
     ClassifierLayout(out="classifier.out_proj", dense="classifier.dense", ignored=("pooler.",)),
     BERT_PRETRAINING_HEADS,
+    ROBERTA_MLM,
 )
 DISTILBERT = BertVariant(
     False,
     "none",
     ClassifierLayout(out="classifier", dense="pre_classifier", activation="relu"),
     ("vocab_transform.", "vocab_layer_norm.", "vocab_projector."),
+    MlmLayout(
+        "vocab_transform", "vocab_layer_norm", "vocab_projector", "vocab_projector.bias", norm_eps=1e-12
+    ),
     layers="transformer.layer",
     layer_names=DISTILBERT_LAYER_NAMES,
     qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
@@ -96,6 +112,7 @@ MPNET = BertVariant(
     "none",
     ROBERTA.classifier,
     ("pooler.", "lm_head."),
+    ROBERTA_MLM,
     layer_names=MPNET_LAYER_NAMES,
     qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
     padding_index=1,
@@ -271,6 +288,9 @@ class BertBackbone(Backbone):
 
     def classifier_layout(self) -> ClassifierLayout:
         return self.config.variant.classifier
+
+    def mlm_layout(self) -> MlmLayout:
+        return self.config.variant.mlm
 
     def encode(
         self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None

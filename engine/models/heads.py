@@ -49,7 +49,9 @@ class Head(nn.Module):
         # with `skip_id` passes over trailing tokens of that id. A method that reads one row a sequence
         # has the backbone compute only those rows past its last attention, and finish only them
         if meta is None:
-            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen, batch.prefix_of)
+            meta = AttentionMetadata.build(
+                batch.cu_seqlens, batch.max_seqlen, batch.prefix_of, batch.num_query_only
+            )
         if method == "last" and skip_id is not None:
             rows = last_kept_rows(meta, batch.input_ids, skip_id)
         elif method in ROW_POOLINGS:
@@ -79,11 +81,19 @@ class Embedder(Head):
         return self.pooler.finish(rows)
 
     def weight_map(self) -> WeightTargets:
-        targets = super().weight_map()
-        for index, layer in enumerate(self.dense):
-            for name, _ in layer.named_parameters():
-                targets[f"{DENSE_PREFIX}.{index}.{name}"] = (f"dense.{index}.{name}", None)
-        return targets
+        return {**super().weight_map(), **dense_targets(self.dense)}
+
+
+def dense_targets(dense: nn.ModuleList, linear_name: str | None = None) -> WeightTargets:
+    """The sentence-transformers Dense modules' tensors (loader.dense_tensors names them) -> the head's
+    `dense` list; `linear_name`: the checkpoint's own name of a lone bias-free projection (colbert-ai's
+    `linear.weight`)."""
+    targets: WeightTargets = {}
+    for index, layer in enumerate(dense):
+        for name, _ in layer.named_parameters():
+            source = linear_name if linear_name is not None else f"{DENSE_PREFIX}.{index}.{name}"
+            targets[source] = (f"dense.{index}.{name}", None)
+    return targets
 
 
 class Classifier(Head):

@@ -13,10 +13,13 @@ from engine.errors import UnsupportedModel
 from engine.layers.pooling import Pooler
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
+from engine.models.bge_m3 import M3Embedder
 from engine.models.decoder import DecoderBackbone
 from engine.models.fallback import TransformersBackbone
 from engine.models.heads import Classifier, Embedder, Judge, judge_token_ids
+from engine.models.late_interaction import TokenEmbedder
 from engine.models.modernbert import ModernBertBackbone
+from engine.models.sparse import SpladeEncoder
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec
@@ -170,10 +173,19 @@ def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Modu
     """The spec's backbone under its head (on the current default device; weights not loaded)."""
     entry = spec_entry(spec)
     backbone = entry.family.backbone.from_spec(spec, attention_backend)
+    tied = bool(getattr(spec.hf_config, "tie_word_embeddings", True))
+    if spec.colbert is not None:
+        linear_name = "linear.weight" if spec.colbert.linear_dim is not None else None
+        return TokenEmbedder(backbone, spec.dense, spec.colbert.query_only_token(), linear_name)
+    if spec.splade is not None:
+        return SpladeEncoder(backbone, spec.vocab_size, spec.splade, tied)
+    if spec.m3:
+        return M3Embedder(backbone)
     if entry.head == "embed":
         return Embedder(backbone, Pooler(spec.pooling, spec.normalize), spec.dense)
     if entry.head == "classify":
         return Classifier(backbone, backbone.classifier_layout(), spec.hf_config.num_labels)
+    # a judge's LM head is untied unless its config says otherwise
     tied = bool(getattr(spec.hf_config, "tie_word_embeddings", False))
     if spec.logit_score is not None:
         token_ids = spec.logit_score.token_ids

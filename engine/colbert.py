@@ -1,0 +1,134 @@
+"""ColBERT checkpoints, in their two layouts: PyLate's (a sentence-transformers folder whose
+config_sentence_transformers.json names the query and document prefixes and lengths, and a Dense
+projection module) and colbert-ai's (an HF_ColBERT folder: artifact.metadata and a `linear` projection in
+the checkpoint). Read into one ColbertConfig: how a text becomes a query's or a document's tokens, and
+which of a document's token vectors are kept."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UnsupportedModel
+
+COLBERT_AI_METADATA = "artifact.metadata"
+# PyLate's module of the projection, and colbert-ai's architecture name in config.json
+PYLATE_DENSE = "pylate.models.Dense.Dense"
+COLBERT_AI_ARCHITECTURE = "HF_ColBERT"
+# the defaults each layout takes where its files say nothing
+PYLATE_DEFAULTS = {
+    "query_prefix": "[Q] ",
+    "document_prefix": "[D] ",
+    "query_length": 32,
+    "document_length": 180,
+}
+COLBERT_AI_DEFAULTS = {
+    "query_token_id": "[unused0]",
+    "doc_token_id": "[unused1]",
+    "query_maxlen": 32,
+    "doc_maxlen": 180,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ColbertConfig:
+    query_prefix_id: int | None  # inserted after the first special token; None: no marker
+    document_prefix_id: int | None
+    query_length: int  # special tokens and marker included; a query is cut, then expanded to it
+    document_length: int  # a document is cut to it
+    expansion_token_id: int | None  # a query is padded to query_length with it; None: no expansion
+    attend_to_expansion: bool  # the expansion tokens are keys too (else they only attend)
+    skiplist_ids: frozenset[int]  # a document's tokens of these ids give no vector (punctuation)
+    # colbert-ai's `linear.weight` in the checkpoint, of this many outputs (None: PyLate's Dense modules)
+    linear_dim: int | None
+
+    @property
+    def window(self) -> int:
+        return max(self.query_length, self.document_length)
+
+    def query_only_token(self) -> int | None:
+        """The token whose trailing run in a query attends but is no key (Engine.query_only_token)."""
+        return None if self.attend_to_expansion else self.expansion_token_id
+
+
+def is_colbert_folder(folder: Path, modules: list[dict] | None, hf_config: Any) -> bool:
+    """A PyLate folder (its Dense module is PyLate's) or a colbert-ai one."""
+    if modules is not None and any(module.get("type") == PYLATE_DENSE for module in modules):
+        return True
+    architectures = getattr(hf_config, "architectures", None) or []
+    return (folder / COLBERT_AI_METADATA).is_file() or COLBERT_AI_ARCHITECTURE in architectures
+
+
+def read_colbert(name: str, folder: Path, transformer_dir: Path, modules: list[dict] | None) -> ColbertConfig:
+    from tokenizers import Tokenizer
+
+    from engine.loader import read_json
+
+    tokenizer = Tokenizer.from_file(str(transformer_dir / "tokenizer.json"))
+    special = special_tokens(transformer_dir)
+    metadata = read_json(folder / COLBERT_AI_METADATA)
+    if modules is None:  # colbert-ai's folder
+        settings = {**COLBERT_AI_DEFAULTS, **(metadata or {})}
+        query_prefix, document_prefix = settings["query_token_id"], settings["doc_token_id"]
+        query_length, document_length = settings["query_maxlen"], settings["doc_maxlen"]
+        expansion, attend = True, bool(settings.get("attend_to_mask_tokens", False))
+        skiplist = list(string.punctuation) if settings.get("mask_punctuation", True) else []
+    else:
+        config = read_json(folder / "config_sentence_transformers.json") or {}
+        settings = {**PYLATE_DEFAULTS, **{key: value for key, value in config.items() if value is not None}}
+        query_prefix, document_prefix = settings["query_prefix"], settings["document_prefix"]
+        query_length, document_length = settings["query_length"], settings["document_length"]
+        expansion = bool(settings.get("do_query_expansion", True))
+        attend = expansion and bool(settings.get("attend_to_expansion_tokens", False))
+        skiplist = settings.get("skiplist_words")
+        skiplist = list(string.punctuation) if skiplist is None else skiplist
+    # PyLate pads a query with the mask token (an LLM's end-of-text where there is none)
+    expansion_token = special.get("mask_token") or special.get("eos_token") or special.get("pad_token")
+    expansion_id = _token_id(tokenizer, expansion_token) if expansion else None
+    if expansion and expansion_id is None:
+        raise UnsupportedModel(f"model {name!r}: a ColBERT query is expanded with a mask token; it has none")
+    unknown = _token_id(tokenizer, special.get("unk_token"))
+    # a word outside the vocabulary is the unknown token, as the tokenizer's convert_tokens_to_ids gives it
+    skip_ids = {_token_id(tokenizer, word) for word in skiplist}
+    skip_ids = {unknown if token is None else token for token in skip_ids} - {None}
+    for length, label in ((query_length, "query_length"), (document_length, "document_length")):
+        if not isinstance(length, int) or length < 4:
+            raise UnsupportedModel(f"model {name!r}: ColBERT {label} {length!r} is not a length")
+    return ColbertConfig(
+        query_prefix_id=_prefix_id(name, tokenizer, query_prefix),
+        document_prefix_id=_prefix_id(name, tokenizer, document_prefix),
+        query_length=query_length,
+        document_length=document_length,
+        expansion_token_id=expansion_id,
+        attend_to_expansion=attend,
+        skiplist_ids=frozenset(skip_ids),  # type: ignore[arg-type]
+        linear_dim=int(settings.get("dim", 128)) if modules is None else None,
+    )
+
+
+def special_tokens(transformer_dir: Path) -> dict[str, str]:
+    """The tokenizer's named special tokens (mask_token, unk_token, ...) as strings."""
+    from engine.loader import read_json
+
+    found: dict[str, str] = {}
+    for file in ("special_tokens_map.json", "tokenizer_config.json"):
+        for key, token in (read_json(transformer_dir / file) or {}).items():
+            token = token.get("content") if isinstance(token, dict) else token
+            if key.endswith("_token") and isinstance(token, str):
+                found.setdefault(key, token)
+    return found
+
+
+def _token_id(tokenizer, token: str | None) -> int | None:
+    return None if token is None else tokenizer.token_to_id(token)
+
+
+def _prefix_id(name: str, tokenizer, prefix: str | None) -> int | None:
+    if not prefix:
+        return None
+    token = tokenizer.token_to_id(prefix)
+    if token is None:
+        raise UnsupportedModel(f"model {name!r}: its ColBERT marker {prefix!r} is no token of its tokenizer")
+    return token

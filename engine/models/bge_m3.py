@@ -1,0 +1,51 @@
+"""M3Embedder: bge-m3's three outputs from one forward, a row a token: [vector | weight], where a
+sequence's first row holds its dense vector (the normalized [CLS] state) and each later row its token's
+normalized ColBERT vector; the weight is the token's lexical weight, relu(sparse_linear(state)).
+bge-m3 reads no ColBERT vector of [CLS], so its row carries the dense vector at no extra width."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata
+from engine.batch import PackedBatch
+from engine.models.backbone import Backbone
+from engine.models.heads import Head
+
+if TYPE_CHECKING:
+    from engine.loader import WeightTargets
+
+
+class M3Embedder(Head):
+    token_rows = True
+
+    def __init__(self, backbone: Backbone):
+        super().__init__(backbone)
+        hidden_size = backbone.hidden_size
+        # the ColBERT vectors are as wide as the dense one (bge-m3's are): a first row holds either
+        self.colbert_linear = nn.Linear(hidden_size, hidden_size)
+        self.sparse_linear = nn.Linear(hidden_size, 1)
+        self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch of num_tokens -> [num_tokens, hidden + 1] float32
+        if meta is None:
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        hidden = self.backbone.finish(self.backbone.encode(batch, meta))
+        # a sequence's first token is the one at position 0 (so are a graph's padding rows, never read)
+        first = (batch.positions == 0).unsqueeze(1)
+        vectors = torch.where(first, hidden, self.colbert_linear(hidden))
+        vectors = F.normalize(vectors.float(), p=2.0, dim=-1)
+        weights = torch.relu(self.sparse_linear(hidden).float())
+        return torch.cat([vectors, weights], dim=-1)
+
+    def weight_map(self) -> WeightTargets:
+        targets = super().weight_map()
+        for module in ("colbert_linear", "sparse_linear"):
+            for leaf in ("weight", "bias"):
+                targets[f"{module}.{leaf}"] = (f"{module}.{leaf}", None)
+        return targets

@@ -1,0 +1,96 @@
+"""SPLADE: a masked-LM's logits over the vocabulary, log(1 + relu(logit)) (twice for OpenSearch's
+"log1p_relu"), pooled over each sequence's tokens by max (or sum): one row of vocabulary weights a
+sequence, nearly all of them zero."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionMetadata
+from engine.batch import PackedBatch
+from engine.layers.activations import get_activation
+from engine.models.backbone import Backbone
+from engine.models.heads import Head
+
+if TYPE_CHECKING:
+    from engine.loader import WeightTargets
+
+# tokens whose vocabulary-wide logits are computed at once: bounds the head's memory (1,024 x 30,522 float32
+# is 125 MB) whatever the batch
+LOGIT_CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SpladeConfig:
+    pooling: str  # "max" | "sum"
+    log_twice: bool  # "log1p_relu": log(1 + log(1 + relu(x)))
+
+
+class MlmHead(nn.Module):
+    """dense -> activation -> LayerNorm -> decoder over the vocabulary (+ bias)."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, activation: str, norm_eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.act = get_activation(activation)
+        self.norm = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [n, hidden] -> [n, vocab_size] logits
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+class SpladeEncoder(Head):
+    """[num_seqs, vocab_size] float32 weights, computed LOGIT_CHUNK_TOKENS tokens at a time."""
+
+    def __init__(self, backbone: Backbone, vocab_size: int, splade: SpladeConfig, tied: bool):
+        super().__init__(backbone)
+        self.layout = backbone.mlm_layout()
+        config = backbone.config
+        activation = self.layout.activation or config.hidden_act
+        norm_eps = self.layout.norm_eps or config.layer_norm_eps
+        self.mlm = MlmHead(backbone.hidden_size, vocab_size, activation, norm_eps)
+        self.splade = splade
+        self.tied = tied
+        # the pooler and the other pretraining heads are not read; a tied decoder's saved copy neither
+        others = tuple(head for head in backbone.pretraining_heads if not self.layout.dense.startswith(head))
+        tied_copy = (f"{self.layout.decoder}.weight",) if tied else ()
+        self.ignored_weights = (*backbone.ignored_weights, *others, *self.layout.bias_aliases, *tied_copy)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch of num_seqs sequences -> [num_seqs, vocab_size] float32
+        if meta is None:
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        hidden = self.backbone.finish(self.backbone.encode(batch, meta))
+        num_tokens, num_seqs = hidden.shape[0], meta.num_seqs
+        starts, ends = meta.cu_seqlens[:-1].long(), meta.cu_seqlens[1:].long()
+        pooled = hidden.new_zeros(num_seqs, self.mlm.decoder.out_features, dtype=torch.float32)
+        for first in range(0, num_tokens, LOGIT_CHUNK_TOKENS):
+            last = min(first + LOGIT_CHUNK_TOKENS, num_tokens)
+            weights = torch.log1p(torch.relu(self.mlm(hidden[first:last]).float()))
+            if self.splade.log_twice:
+                weights = torch.log1p(weights)
+            # each sequence's tokens within this chunk, from the device's cu_seqlens (no host sync)
+            counts = (ends.clamp(max=last) - starts.clamp(min=first)).clamp(min=0)
+            reduce = "max" if self.splade.pooling == "max" else "sum"
+            part = torch.segment_reduce(weights, reduce, lengths=counts, axis=0, initial=0.0, unsafe=True)
+            pooled = torch.maximum(pooled, part) if reduce == "max" else pooled + part
+        return pooled
+
+    def weight_map(self) -> WeightTargets:
+        layout, targets = self.layout, super().weight_map()
+        for checkpoint_name, module in ((layout.dense, "dense"), (layout.norm, "norm")):
+            for leaf, _ in self.mlm.get_submodule(module).named_parameters(recurse=False):
+                targets[f"{checkpoint_name}.{leaf}"] = (f"mlm.{module}.{leaf}", None)
+        targets[layout.bias] = ("mlm.decoder.bias", None)
+        if self.tied:
+            embeddings = self.backbone.token_embeddings
+            targets[embeddings] = [targets[embeddings], ("mlm.decoder.weight", None)]  # type: ignore[list-item]
+        else:
+            targets[f"{layout.decoder}.weight"] = ("mlm.decoder.weight", None)
+        return targets

@@ -1,0 +1,78 @@
+"""Late interaction (ColBERT): how a query's and a document's tokens are laid out (a marker after the first
+special token, cut to the model's lengths, a query expanded with its mask token), which of a document's
+token vectors count (its punctuation's do not), and MaxSim: each query vector's best match among a
+document's, summed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.colbert import ColbertConfig
+from scoring.templates import SingleTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class LateInteraction:
+    config: ColbertConfig
+    single: SingleTemplate
+
+    def query_ids(self, content: Sequence[int]) -> list[int]:
+        """A query's tokens: cut to query_length, then expanded to it (where the model expands)."""
+        config = self.config
+        ids = self._laid_out(content, config.query_length, config.query_prefix_id)
+        if config.expansion_token_id is not None:
+            ids += [config.expansion_token_id] * (config.query_length - len(ids))
+        return ids
+
+    def document_ids(self, content: Sequence[int]) -> list[int]:
+        config = self.config
+        return self._laid_out(content, config.document_length, config.document_prefix_id)
+
+    def content_room(self, is_query: bool) -> int:
+        """Content tokens that fit a query or a document beside its special tokens and marker."""
+        config = self.config
+        length, marker = (
+            (config.query_length, config.query_prefix_id)
+            if is_query
+            else (config.document_length, config.document_prefix_id)
+        )
+        return length - self.single.num_special_tokens - (marker is not None)
+
+    def _laid_out(self, content: Sequence[int], length: int, marker: int | None) -> list[int]:
+        room = length - self.single.num_special_tokens - (marker is not None)
+        ids = self.single.apply(content[:room])
+        if marker is not None:
+            ids.insert(1, marker)  # after [CLS], as PyLate and colbert-ai place it
+        return ids
+
+    def kept(self, ids: Sequence[int], vectors: np.ndarray, is_query: bool) -> np.ndarray:
+        """The token vectors that count: all of a query's (its expansion too), a document's but those of
+        its skiplist tokens."""
+        if is_query or not self.config.skiplist_ids:
+            return vectors
+        skip = self.config.skiplist_ids
+        return vectors[np.fromiter((token not in skip for token in ids), dtype=bool, count=len(ids))]
+
+
+def split_rows(rows: np.ndarray, lengths: Sequence[int]) -> list[np.ndarray]:
+    """A token head's rows of several sequences -> each sequence's rows (views)."""
+    return np.split(rows, np.cumsum(lengths)[:-1])
+
+
+def max_sim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """[num_query_tokens, dim] and each document's [n_i, dim] -> [num_docs] sums over the query's vectors
+    of their best dot product with the document's (0 for a document with no vector)."""
+    if not documents:
+        return np.zeros(0)
+    lengths = np.array([len(document) for document in documents])
+    similarity = np.concatenate(documents).astype(np.float32) @ query.astype(np.float32).T  # [tokens, q]
+    scores = np.zeros(len(documents))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    nonempty = lengths > 0
+    if nonempty.any():
+        best = np.maximum.reduceat(similarity, starts[nonempty], axis=0)  # [docs with vectors, q]
+        scores[nonempty] = best.sum(axis=1, dtype=np.float64)
+    return scores

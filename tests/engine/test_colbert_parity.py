@@ -1,0 +1,108 @@
+"""ColBERT against colbert-ai (its Checkpoint's queryFromText / docFromText), fp32 on the CPU, one random
+tiny BERT saved in colbert-ai's layout and in PyLate's: every query and kept document vector within 1e-5
+(unit vectors, so cosine >= 0.9999). Queries are expanded with [MASK] tokens that attend but are no keys."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from engine.attention import select_backend
+from engine.batch import pack
+from engine.build import build_engine
+from engine.config import EngineConfig
+from engine.loader import load_model, resolve_model
+from scoring.late_interaction import LateInteraction, split_rows
+from scoring.templates import SingleTemplate
+from tests.token_checkpoints import DOCUMENT_LENGTH, QUERY_LENGTH, colbert_ai_checkpoint, colbert_checkpoints
+
+TOLERANCE = 1e-5
+QUERIES = ["what do cats eat?", "a", "one two three four five six seven eight nine ten eleven twelve"]
+DOCUMENTS = ["Cats eat fish, mostly.", "trains!", "word, " * 30, "Ünïcödé façade; 東京 🙂"]
+
+
+@pytest.fixture(scope="module")
+def folders(minilm_path, tmp_path_factory):
+    return colbert_checkpoints(minilm_path, tmp_path_factory.mktemp("colbert"))
+
+
+@pytest.fixture(scope="module")
+def reference(folders):
+    checkpoint = colbert_ai_checkpoint(folders[0])
+    with torch.inference_mode():
+        queries = checkpoint.queryFromText(QUERIES)
+        documents = checkpoint.docFromText(DOCUMENTS, keep_dims=False)
+    return [query.numpy() for query in queries], [document.numpy() for document in documents]
+
+
+def layout_of(spec) -> LateInteraction:
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return LateInteraction(spec.colbert, SingleTemplate.from_tokenizer(tokenizer)), tokenizer
+
+
+def token_ids(spec):
+    late, tokenizer = layout_of(spec)
+    encodings = tokenizer.encode_batch(QUERIES + DOCUMENTS, add_special_tokens=False)
+    content = [encoding.ids for encoding in encodings]
+    queries = [late.query_ids(ids) for ids in content[: len(QUERIES)]]
+    documents = [late.document_ids(ids) for ids in content[len(QUERIES) :]]
+    return late, queries, documents
+
+
+@pytest.mark.parametrize("layout", [0, 1], ids=["colbert-ai", "pylate"])
+def test_colbert_vectors_match_colbert_ai(folders, reference, layout):
+    spec = resolve_model(str(folders[layout]))
+    assert spec.task == "token_embed" and spec.output_dim == 16
+    assert (spec.colbert.query_length, spec.colbert.document_length) == (QUERY_LENGTH, DOCUMENT_LENGTH)
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    late, queries, documents = token_ids(spec)
+    assert all(len(ids) == QUERY_LENGTH for ids in queries)  # cut or expanded to the query length
+    with torch.inference_mode():
+        rows = model(pack(queries + documents, None, None, model.query_only_token)).numpy()
+    parts = split_rows(rows, [len(ids) for ids in queries + documents])
+    expected_queries, expected_documents = reference
+    for got, expected in zip(parts, expected_queries):
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    for ids, got, expected in zip(documents, parts[len(queries) :], expected_documents):
+        kept = late.kept(ids, got, is_query=False)
+        assert kept.shape == expected.shape  # punctuation dropped, as colbert-ai's skiplist drops it
+        np.testing.assert_allclose(kept, expected, atol=TOLERANCE)
+
+
+def test_expansion_tokens_as_keys_would_miss_the_reference(folders, reference):
+    """The parity above can fail: with the [MASK] expansion as keys the real tokens' vectors change."""
+    spec = resolve_model(str(folders[0]))
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    _, queries, _ = token_ids(spec)
+    with torch.inference_mode():
+        rows = model(pack(queries[:1])).numpy()
+    assert np.abs(rows - reference[0][0]).max() > 100 * TOLERANCE
+
+
+def test_the_engine_hands_each_request_its_token_rows_across_batches(folders, reference):
+    """Requests cut over batches of 40 tokens, and several at once: each gets its sequences' token rows in
+    order, as one forward gives them."""
+    spec = resolve_model(str(folders[1]))
+    engine = build_engine(spec, EngineConfig(max_batch_tokens=40, max_queue_tokens=10**5, dtype="float32"))
+    late, queries, documents = token_ids(spec)
+
+    async def run_all():
+        return await asyncio.gather(engine.run(queries), engine.run(documents), engine.run(documents[::-1]))
+
+    try:
+        query_rows, document_rows, reversed_rows = asyncio.run(run_all())
+    finally:
+        engine.stop()
+    assert query_rows.shape == (len(queries) * QUERY_LENGTH, 16)
+    for got, expected in zip(split_rows(query_rows, [len(ids) for ids in queries]), reference[0]):
+        np.testing.assert_allclose(got, expected, atol=TOLERANCE)
+    for rows, order in ((document_rows, documents), (reversed_rows, documents[::-1])):
+        parts = split_rows(rows, [len(ids) for ids in order])
+        kept = [late.kept(ids, part, is_query=False) for ids, part in zip(order, parts)]
+        expected = reference[1] if order is documents else reference[1][::-1]
+        for got, want in zip(kept, expected):
+            np.testing.assert_allclose(got, want, atol=TOLERANCE)

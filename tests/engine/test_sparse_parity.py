@@ -1,0 +1,85 @@
+"""Sparse and multi-output heads against their reference packages, fp32 on the CPU, tiny random
+checkpoints: SPLADE against sentence-transformers' SparseEncoder (max and sum pooling; vocabulary weights
+within 1e-5), bge-m3 against FlagEmbedding's BGEM3FlagModel (dense and ColBERT vectors within 1e-5,
+lexical weights: the same token ids, weights within 1e-5)."""
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from engine.attention import select_backend
+from engine.batch import pack
+from engine.loader import load_model, resolve_model
+from engine.models import sparse as sparse_module
+from scoring.m3_rows import m3_outputs, unused_token_ids
+from tests.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade_checkpoint
+
+TOLERANCE = 1e-5
+TEXTS = ["what do cats eat?", "Cats eat fish, mostly.", "a", "word " * 60, "Ünïcödé façade; 東京 🙂"]
+
+
+def encode(spec, texts):
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+
+
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+def test_splade_weights_match_sentence_transformers(minilm_path, tmp_path, monkeypatch, pooling):
+    from sentence_transformers import SparseEncoder
+
+    folder = splade_checkpoint(minilm_path, tmp_path / "splade", pooling=pooling)
+    spec = resolve_model(str(folder))
+    assert spec.task == "sparse_embed" and spec.output_dim == spec.vocab_size
+    # small chunks, so that a sequence's tokens span several of them
+    monkeypatch.setattr(sparse_module, "LOGIT_CHUNK_TOKENS", 7)
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    with torch.inference_mode():
+        rows = model(pack(encode(spec, TEXTS))).numpy()
+    reference = SparseEncoder(str(folder), device="cpu")
+    expected = reference.encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    assert rows.shape == expected.shape
+    assert (expected > 0).sum(axis=1).min() > 0
+    np.testing.assert_allclose(rows, expected, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_splade_misses_the_reference_without_its_mlm_transform(minilm_path, tmp_path):
+    """The parity above can fail: a head without its LayerNorm gives other weights."""
+    from sentence_transformers import SparseEncoder
+
+    folder = splade_checkpoint(minilm_path, tmp_path / "splade")
+    spec = resolve_model(str(folder))
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    model.mlm.norm = torch.nn.Identity()
+    with torch.inference_mode():
+        rows = model(pack(encode(spec, TEXTS[:2]))).numpy()
+    expected = SparseEncoder(str(folder), device="cpu").encode(TEXTS[:2], convert_to_tensor=True).to_dense()
+    assert np.abs(rows - expected.numpy()).max() > 100 * TOLERANCE
+
+
+def test_bge_m3_outputs_match_flag_embedding(minilm_path, tmp_path):
+    folder = m3_checkpoint(minilm_path, tmp_path / "m3")
+    spec = resolve_model(str(folder))
+    assert spec.m3 and spec.task == "embed" and spec.pooling == "cls" and spec.normalize
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    assert model.token_rows
+    token_ids = encode(spec, TEXTS)
+    with torch.inference_mode():
+        rows = model(pack(token_ids)).numpy()
+    unused = unused_token_ids(Tokenizer.from_file(str(spec.tokenizer_path)), spec.path)
+    assert len(unused) == 3  # [CLS], [PAD], [UNK]: the MiniLM tokenizer has no end token of that name
+    outputs = m3_outputs(rows, token_ids, unused)
+
+    expected = flag_m3_embedder(folder).encode(
+        TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True, batch_size=2
+    )
+    assert sum(len(output.lexical) for output in outputs) >= 8  # weights to compare
+    for index, output in enumerate(outputs):
+        np.testing.assert_allclose(output.dense, expected["dense_vecs"][index], atol=TOLERANCE)
+        np.testing.assert_allclose(output.colbert, expected["colbert_vecs"][index], atol=TOLERANCE)
+        lexical = {int(token): float(weight) for token, weight in expected["lexical_weights"][index].items()}
+        assert sorted(output.lexical) == sorted(lexical)
+        for token, weight in lexical.items():
+            assert abs(output.lexical[token] - weight) <= TOLERANCE

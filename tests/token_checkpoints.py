@@ -1,0 +1,185 @@
+"""Tiny random checkpoints of the token-level model layouts, built with the MiniLM tokenizer (no hub):
+ColBERT as colbert-ai saves it and as PyLate does (same weights), SPLADE as sentence-transformers'
+SparseEncoder saves it, and bge-m3 (an XLM-RoBERTa encoder with colbert_linear.pt and sparse_linear.pt).
+Every parameter is random, norms and biases too, so that parity can fail. Also the reference packages'
+loaders where they need a word with today's transformers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+COLBERT_DIM = 16
+QUERY_LENGTH, DOCUMENT_LENGTH = 12, 24
+
+
+def tiny_bert_config(minilm: Path, model_type: str = "bert", architecture: str = "BertModel", **extra):
+    from transformers import AutoConfig
+
+    vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
+    return AutoConfig.for_model(
+        model_type,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        architectures=[architecture],
+        pad_token_id=0,
+        **extra,
+    )
+
+
+def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            is_norm_scale = "LayerNorm.weight" in name or "layer_norm.weight" in name
+            parameter.copy_(1 + noise if is_norm_scale else noise)
+    return model.eval()
+
+
+def copy_tokenizer(minilm: Path, folder: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm / name, folder / name)
+
+
+def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0) -> tuple[Path, Path]:
+    """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a 16-wide projection,
+    12-token queries and 24-token documents."""
+    from safetensors.torch import save_file
+    from transformers import BertModel
+
+    bert = randomized(BertModel(tiny_bert_config(minilm)), seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    linear = torch.randn(COLBERT_DIM, bert.config.hidden_size, generator=generator) * 0.3
+    state = {name: tensor.contiguous() for name, tensor in bert.state_dict().items()}
+
+    colbert_ai = root / "colbert-ai"
+    colbert_ai.mkdir(parents=True)
+    config = bert.config.to_dict() | {"architectures": ["HF_ColBERT"]}
+    (colbert_ai / "config.json").write_text(json.dumps(config))
+    copy_tokenizer(minilm, colbert_ai)
+    save_file({**{f"bert.{name}": t for name, t in state.items()}, "linear.weight": linear},
+              str(colbert_ai / "model.safetensors"))  # fmt: skip
+    metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": QUERY_LENGTH,
+                "doc_maxlen": DOCUMENT_LENGTH, "dim": COLBERT_DIM, "mask_punctuation": True,
+                "attend_to_mask_tokens": False, "similarity": "cosine"}  # fmt: skip
+    (colbert_ai / "artifact.metadata").write_text(json.dumps(metadata))
+
+    pylate = root / "pylate"
+    (pylate / "1_Dense").mkdir(parents=True)
+    bert.save_pretrained(pylate)
+    copy_tokenizer(minilm, pylate)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (pylate / "modules.json").write_text(json.dumps(modules))
+    settings = {"query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": QUERY_LENGTH,
+                "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": False,
+                "do_query_expansion": True, "similarity_fn_name": "MaxSim"}  # fmt: skip
+    (pylate / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    (pylate / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": DOCUMENT_LENGTH - 1}))
+    dense = {"in_features": bert.config.hidden_size, "out_features": COLBERT_DIM, "bias": False,
+             "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
+    (pylate / "1_Dense" / "config.json").write_text(json.dumps(dense))
+    save_file({"linear.weight": linear.clone()}, str(pylate / "1_Dense" / "model.safetensors"))
+    return colbert_ai, pylate
+
+
+def colbert_ai_checkpoint(folder: Path):
+    """colbert-ai's Checkpoint of a folder, on the CPU. colbert-ai 0.2.22 builds its HF_ColBERT without
+    transformers 5's bookkeeping: the class it makes gets what transformers reads of it."""
+    from colbert.infra.config import ColBERTConfig
+    from colbert.modeling import base_colbert, hf_colbert
+
+    made = hf_colbert.class_factory
+
+    def class_factory(name_or_path):
+        model_class = made(name_or_path)
+        model_class.all_tied_weights_keys = {}
+        model_class._keys_to_ignore_on_load_unexpected = {r"cls"}
+        model_class.init_weights = lambda self: None  # from_pretrained loads every weight
+        return model_class
+
+    base_colbert.class_factory = class_factory
+    try:
+        from colbert.modeling.checkpoint import Checkpoint
+
+        return Checkpoint(str(folder), colbert_config=ColBERTConfig(gpus=0)).eval()
+    finally:
+        base_colbert.class_factory = made
+
+
+def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = "max") -> Path:
+    """A random BertForMaskedLM saved as a sentence-transformers SparseEncoder (MLMTransformer,
+    SpladePooling)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import BertForMaskedLM
+
+    source = folder.parent / f"{folder.name}-mlm"
+    model = randomized(BertForMaskedLM(tiny_bert_config(minilm, architecture="BertForMaskedLM")), seed)
+    model.save_pretrained(source)
+    copy_tokenizer(minilm, source)
+    encoder = SparseEncoder(modules=[MLMTransformer(str(source)), SpladePooling(pooling)], device="cpu")
+    encoder.save(str(folder))
+    return folder
+
+
+def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0) -> Path:
+    """bge-m3's layout over a random XLM-RoBERTa encoder: the sentence-transformers dense model ([CLS],
+    normalized) beside colbert_linear.pt and sparse_linear.pt."""
+    from transformers import XLMRobertaModel
+
+    model = randomized(XLMRobertaModel(tiny_bert_config(minilm, "xlm-roberta", "XLMRobertaModel")), seed)
+    model.save_pretrained(folder)
+    copy_tokenizer(minilm, folder)
+    hidden = model.config.hidden_size
+    generator = torch.Generator().manual_seed(seed + 1)
+    # a positive lexical bias, so that most tokens weigh more than zero
+    for name, outputs, bias in (("colbert_linear", hidden, 0.0), ("sparse_linear", 1, 1.0)):
+        weights = {"weight": torch.randn(outputs, hidden, generator=generator) * 0.3,
+                   "bias": torch.randn(outputs, generator=generator) * 0.1 + bias}  # fmt: skip
+        torch.save(weights, folder / f"{name}.pt")
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": hidden, "pooling_mode": "cls"})
+    )
+    (folder / "2_Normalize").mkdir()
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 126}))
+    return folder
+
+
+def flag_m3_embedder(folder: Path):
+    """FlagEmbedding's BGEM3FlagModel (M3Embedder) of a folder, on the CPU in float32. FlagEmbedding's
+    package __init__ imports every model it has, and one (a MiniCPM reranker) fails on transformers 5;
+    the bge-m3 embedder's own modules import as they are."""
+    import importlib.util
+    import os
+    import sys
+    import types
+
+    root = os.path.dirname(importlib.util.find_spec("FlagEmbedding").origin)
+    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder",
+                 "FlagEmbedding.finetune", "FlagEmbedding.finetune.embedder"):  # fmt: skip
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = package
+    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
+
+    return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True)
