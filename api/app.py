@@ -15,13 +15,15 @@ from api.errors import error_response
 from api.hooks import RequestHooks
 from api.hot_routes import HotRoutes
 from api.openapi import openapi_config
+from api.routes.classify import classify
 from api.routes.cohere_embed import embed_v2
 from api.routes.embeddings import create_embeddings
 from api.routes.health import health, metrics, ready
 from api.routes.models import list_models
+from api.routes.pooling import pooling
 from api.routes.rerank import rerank_v1, rerank_v2
 from api.routes.score import score
-from api.routes.tei import embed_tei, info_tei, rerank_tei, tokenize_tei
+from api.routes.tei import embed_sparse_tei, embed_tei, info_tei, rerank_tei, tokenize_tei
 from api.server import Server
 from engine.passing_thread import await_in_passing_thread
 
@@ -69,8 +71,11 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
             rerank_v1,
             rerank_v2,
             score,
+            pooling,
+            classify,
             rerank_tei,
             embed_tei,
+            embed_sparse_tei,
             tokenize_tei,
             info_tei,
             health,

@@ -92,8 +92,9 @@ class ModelNotServed(ApiError):
 
 
 class TaskNotSupported(ApiError):
-    def __init__(self, name: str, task: str):
-        super().__init__(f"the model '{name}' cannot {task}", "model")
+    def __init__(self, name: str, task: str, served: list[str] | None = None):
+        what = f"; it serves {', '.join(served)}" if served else ""
+        super().__init__(f"the model '{name}' cannot {task}{what}", "model")
 
 
 class Unauthorized(ApiError):
@@ -112,7 +113,7 @@ class ApiShape(Enum):
     TEI = "tei"
 
 
-TEI_PATHS = frozenset({"/embed", "/rerank", "/tokenize", "/info"})
+TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/rerank", "/tokenize", "/info"})
 
 
 def shape_of(path: str) -> ApiShape:

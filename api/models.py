@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from api.errors import ModelNotServed, TaskNotSupported
 from api.prompts import select_prompt
@@ -10,11 +13,25 @@ from api.tokenize import TextEncoder
 from engine.engine import Engine
 from engine.loader import ModelSpec
 from engine.replica_pool import ReplicaPool
+from engine.request import EngineOutput
+from scoring.late_interaction import LateInteraction
+from scoring.m3_rows import dense_vectors
 from scoring.rerank import RerankModel
 from scoring.templates import TextPrompts
 
 EMBED = "embed"
 RERANK = "rerank"
+TOKEN_EMBED = "token_embed"  # a vector a token (ColBERT; bge-m3's ColBERT vectors)
+SPARSE_EMBED = "sparse_embed"  # vocabulary weights (SPLADE; bge-m3's lexical weights)
+CLASSIFY = "classify"  # a sequence classifier's labels
+# where each task is served, for the error that names what a model can do
+TASK_ROUTES = {
+    EMBED: "/v1/embeddings",
+    RERANK: "/v1/rerank",
+    TOKEN_EMBED: "/pooling with task token_embed",
+    SPARSE_EMBED: "/embed_sparse",
+    CLASSIFY: "/classify",
+}
 
 
 @dataclass(slots=True)
@@ -22,7 +39,11 @@ class ServedModel:
     names: tuple[str, ...]
     spec: ModelSpec
     encoder: TextEncoder
-    engine: Engine | ReplicaPool  # the same run() either way
+    # the same run() either way; bge-m3's shows its dense vectors (DenseView), its token rows are in
+    # `token_engine`
+    engine: Engine | ReplicaPool | DenseView
+    token_engine: Engine | ReplicaPool | None = None
+    late_interaction: LateInteraction | None = None  # a ColBERT model's query and document layout
 
     @property
     def name(self) -> str:
@@ -30,9 +51,20 @@ class ServedModel:
 
     @property
     def tasks(self) -> tuple[str, ...]:
-        if self.spec.task == "embed":
-            return (EMBED, RERANK)
-        return (RERANK,) if self.spec.num_labels in (1, 2) else ()
+        spec = self.spec
+        if spec.m3:
+            return (EMBED, RERANK, TOKEN_EMBED, SPARSE_EMBED)
+        if spec.task in (EMBED, TOKEN_EMBED):
+            return (spec.task, RERANK)
+        if spec.task == SPARSE_EMBED:
+            return (SPARSE_EMBED,)
+        rerank = (RERANK,) if spec.num_labels in (1, 2) else ()
+        classify = (CLASSIFY,) if spec.architecture.endswith("ForSequenceClassification") else ()
+        return rerank + classify
+
+    def served(self) -> list[str]:
+        """Its tasks and where each is asked for, for errors."""
+        return [f"{task} ({TASK_ROUTES[task]})" for task in self.tasks]
 
     def rerank_model(self) -> RerankModel:
         spec = self.spec
@@ -52,7 +84,43 @@ class ServedModel:
             pair=self.encoder.pair,
             cross_encoder=spec.task == "score",
             prompts=prompts,
+            late_interaction=self.late_interaction,
         )
+
+
+class DenseView:
+    """bge-m3's engine as a dense embedder: each sequence's dense vector from its rows (the first), so that
+    every embedding and rerank route serves it as it serves any embedder."""
+
+    def __init__(self, engine: Engine | ReplicaPool):
+        self.inner = engine
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the engine's interface, as it is
+        return getattr(self.inner, name)
+
+    def enqueue(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+        prefix: Sequence[int] | None = None,
+    ) -> asyncio.Future[EngineOutput]:
+        work = self.inner.enqueue(token_ids, token_type_ids, deadline, prefix)
+        # a task: cancelling it (a timeout, a client gone) cancels the engine's work too
+        return asyncio.ensure_future(self._dense(work, [len(ids) for ids in token_ids]))
+
+    async def run(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        prefix: Sequence[int] | None = None,
+    ):
+        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
+
+    @staticmethod
+    async def _dense(work: asyncio.Future[EngineOutput], lengths: list[int]) -> EngineOutput:
+        output = await work
+        return replace(output, rows=dense_vectors(output.rows, lengths))
 
 
 class ModelRegistry:
@@ -70,10 +138,11 @@ class ModelRegistry:
             for model in self.models:
                 if task in model.tasks:
                     return model
-            raise TaskNotSupported(self.models[0].name, task)
+            first = self.models[0]
+            raise TaskNotSupported(first.name, task, first.served())
         model = self._by_name.get(name)
         if model is None:
             raise ModelNotServed(name, self.names)
         if task not in model.tasks:
-            raise TaskNotSupported(name, task)
+            raise TaskNotSupported(name, task, model.served())
         return model

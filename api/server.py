@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from api.config import ServerConfig, engine_config_for
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
-from api.models import ModelRegistry, ServedModel
+from api.models import DenseView, ModelRegistry, ServedModel
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
@@ -24,6 +24,7 @@ from engine.engine import Engine
 from engine.loader import ModelSpec, resolve_model
 from engine.replica_pool import ReplicaPool
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
+from scoring.late_interaction import LateInteraction
 from scoring.templates import pair_prompt
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,17 @@ class Server:
                 self.config.tokenizer_threads,
                 spec.logit_score.chat_template if spec.logit_score is not None else None,
             )
-            served.append(ServedModel(names=names, spec=spec, encoder=encoder, engine=engine))
+            late = LateInteraction(spec.colbert, encoder.single) if spec.colbert is not None else None
+            served.append(
+                ServedModel(
+                    names=names,
+                    spec=spec,
+                    encoder=encoder,
+                    engine=DenseView(engine) if spec.m3 else engine,
+                    token_engine=engine,
+                    late_interaction=late,
+                )
+            )
             logger.info(
                 "serving %s as %s (%s, window %d)",
                 spec.path,

@@ -201,10 +201,9 @@ def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
     "family, tasks, matryoshka",
     [
         *[pytest.param(family, ["embed", "rerank"], family.matryoshka, id=family.id) for family in EMBEDDERS],
-        *[
-            pytest.param(family, ["rerank"], None, id=family.id)
-            for family in [*CROSS_ENCODERS, QWEN3_RERANKER]
-        ],
+        # a sequence classifier also labels texts (/classify); a judge (a causal LM) only ranks
+        *[pytest.param(family, ["rerank", "classify"], None, id=family.id) for family in CROSS_ENCODERS],
+        pytest.param(QWEN3_RERANKER, ["rerank"], None, id=QWEN3_RERANKER.id),
     ],
 )
 def test_models_list_describes_the_family(serve, family, tasks, matryoshka):

@@ -24,3 +24,11 @@ def cosine_to_scores(query: np.ndarray, chunks: np.ndarray, raw: bool = False) -
     norms = np.linalg.norm(chunks, axis=1) * np.linalg.norm(query)
     cosine = chunks @ query / np.maximum(norms, 1e-12)
     return cosine if raw else (1.0 + np.clip(cosine, -1.0, 1.0)) / 2.0
+
+
+def max_sim_to_scores(max_sims: np.ndarray, num_query_tokens: int, raw: bool = False) -> np.ndarray:
+    """[n] MaxSim sums of unit vectors -> [n] (1 + their mean over the query's tokens) / 2 (raw: the sums,
+    as PyLate and colbert-ai rank by)."""
+    if raw:
+        return max_sims
+    return (1.0 + np.clip(max_sims / max(num_query_tokens, 1), -1.0, 1.0)) / 2.0

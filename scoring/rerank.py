@@ -10,7 +10,8 @@ import numpy as np
 
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
-from scoring.heads import cosine_to_scores, logits_to_scores
+from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
+from scoring.late_interaction import LateInteraction, max_sim, split_rows
 from scoring.templates import JudgePrompt, PairTemplate, SingleTemplate, TextPrompts
 
 MAX_CHUNKS_PER_REQUEST = 10_000
@@ -40,6 +41,8 @@ class RerankModel:
     cross_encoder: bool
     # how the query and documents become texts before tokenization
     prompts: TextPrompts | JudgePrompt = TextPrompts()
+    # a ColBERT model: MaxSim of the query's token vectors against each chunk's
+    late_interaction: LateInteraction | None = None
 
     def texts(self, query: str, documents: Sequence[str], instruction: str | None) -> list[str]:
         """[query text, *document texts], to tokenize without special tokens."""
@@ -59,7 +62,10 @@ async def rerank_scores(
     model: RerankModel, query_ids: Sequence[int], docs_ids: Sequence[Sequence[int]], options: RerankOptions
 ) -> np.ndarray:
     """Token ids without special tokens in, [num_docs] scores out (in [0, 1] unless raw)."""
-    if model.cross_encoder:
+    late = model.late_interaction
+    if late is not None:  # a query is cut to the model's query length, never refused
+        chunk_len = late.content_room(is_query=False)
+    elif model.cross_encoder:
         chunk_len = model.window - len(query_ids) - model.pair.num_special_tokens
         if chunk_len < 1:
             raise QueryTooLong(len(query_ids) + model.pair.num_special_tokens, model.window)
@@ -94,6 +100,11 @@ async def rerank_scores(
         types = [types for _, types in pairs] if model.pair.has_types else None
         logits = await model.engine.run([ids for ids, _ in pairs], types)
         chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
+    elif late is not None:
+        sequences = [late.query_ids(query_ids), *map(late.document_ids, chunks)]
+        rows = split_rows(await model.engine.run(sequences), list(map(len, sequences)))
+        documents = [late.kept(ids, vectors, is_query=False) for ids, vectors in zip(sequences[1:], rows[1:])]
+        chunk_scores = max_sim_to_scores(max_sim(rows[0], documents), len(rows[0]), raw=options.raw_scores)
     else:
         sequences = [model.single.apply(query_ids), *(model.single.apply(chunk) for chunk in chunks)]
         vectors = await model.engine.run(sequences)

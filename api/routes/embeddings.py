@@ -38,7 +38,7 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     inputs = normalize_input(data.input, server.config.max_inputs)
     check_dimensions(data.dimensions, model.spec.output_dim)
     encoder = model.encoder
-    max_tokens, truncate = _truncation(
+    max_tokens, truncate = truncation(
         data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate
     )
     guard = RequestGuard(model.engine, request, server.config)
@@ -63,7 +63,7 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     return EncodedJson(response)
 
 
-def _truncation(truncate_prompt_tokens: int | None, window: int, auto_truncate: bool) -> tuple[int, bool]:
+def truncation(truncate_prompt_tokens: int | None, window: int, auto_truncate: bool) -> tuple[int, bool]:
     """(token limit, whether to truncate to it instead of rejecting)."""
     if truncate_prompt_tokens is None:
         return window, auto_truncate

@@ -1,4 +1,5 @@
-"""POST /score and /v1/score: vLLM's score API. text_1 and text_2 pair up one to one, one to many (a
+"""POST /score and /v1/score: vLLM's score API. text_1 and text_2 (or queries and documents, or data_1 and
+data_2) pair up one to one, one to many (a
 single text_1), or many to many (lists of one length, pairwise); each pair's score is the rerank
 path's: a cross-encoder's or judge's relevance in [0, 1], or an embedding model's cosine similarity
 (as vLLM scores with embedding models). Each distinct text_1 is one rerank call over its text_2s (a causal
@@ -37,7 +38,8 @@ from scoring.rerank import RerankOptions
 )
 async def score(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     data = await decode_body(request, ScoreRequest)
-    pairs = _pairs(data.text_1, data.text_2, server.config.max_documents)
+    (first, second), names = _sides(data)
+    pairs = _pairs(first, second, server.config.max_documents, names)
     model = server.registry().get(data.model, RERANK)
     embedder = model.spec.task == "embed"
     options = RerankOptions(max_chunks_per_doc=DEFAULT_MAX_CHUNKS_PER_DOC, raw_scores=embedder)
@@ -64,10 +66,29 @@ async def score(request: Request, server: NamedDependency[Server]) -> EncodedJso
     return EncodedJson(response)
 
 
-def _pairs(text_1: str | list[str], text_2: str | list[str], max_pairs: int) -> list[tuple[str, str]]:
+# vLLM's names of the two sides, oldest first
+SIDES = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))
+
+
+def _sides(data: ScoreRequest) -> tuple[tuple[str | list[str], str | list[str]], tuple[str, str]]:
+    """The two sides and their names, from the one pair of fields the request gives."""
+    given = [names for names in SIDES if any(getattr(data, name) is not None for name in names)]
+    if len(given) != 1:
+        asked = " or ".join(f"{first} and {second}" for first, second in SIDES)
+        raise InvalidInput(f"give {asked}" + (", not several of them" if given else ""), SIDES[0][0])
+    names = given[0]
+    for name, other in (names, names[::-1]):
+        if getattr(data, name) is None:
+            raise InvalidInput(f"{name} is missing beside {other}", name)
+    return (getattr(data, names[0]), getattr(data, names[1])), names
+
+
+def _pairs(
+    text_1: str | list[str], text_2: str | list[str], max_pairs: int, names: tuple[str, str] = SIDES[0]
+) -> list[tuple[str, str]]:
     firsts = [text_1] if isinstance(text_1, str) else text_1
     seconds = [text_2] if isinstance(text_2, str) else text_2
-    for texts, param in ((firsts, "text_1"), (seconds, "text_2")):
+    for texts, param in ((firsts, names[0]), (seconds, names[1])):
         if not texts:
             raise InvalidInput(f"{param} must not be empty", param)
         check_texts(texts, max_pairs, param)
@@ -75,9 +96,9 @@ def _pairs(text_1: str | list[str], text_2: str | list[str], max_pairs: int) -> 
         return [(firsts[0], second) for second in seconds]
     if len(firsts) != len(seconds):
         raise InvalidInput(
-            f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: "
-            "give one text_1, or as many as text_2",
-            "text_2",
+            f"{names[0]} has {len(firsts)} texts and {names[1]} {len(seconds)}: "
+            f"give one {names[0]}, or as many as {names[1]}",
+            names[1],
         )
     return list(zip(firsts, seconds))
 

@@ -1,5 +1,6 @@
-"""text-embeddings-inference's routes: POST /embed (a bare list of vectors), /rerank (a bare list of
-{index, score[, text]}), /tokenize, and GET /info. Errors come in TEI's shape (api/errors.py)."""
+"""text-embeddings-inference's routes: POST /embed (a bare list of vectors), /embed_sparse (a bare list of
+{index, value} lists: a SPLADE model's vocabulary weights, bge-m3's lexical weights), /rerank (a bare list
+of {index, score[, text]}), /tokenize, and GET /info. Errors come in TEI's shape (api/errors.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,23 @@ from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.inputs import check_texts
-from api.models import EMBED, RERANK
+from api.models import EMBED, RERANK, SPARSE_EMBED
 from api.openapi import package_version
 from api.prompts import select_prompt
 from api.responses import EncodedJson, documented
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
-from api.schemas.tei import TeiEmbedRequest, TeiInfo, TeiToken, TeiTokenizeRequest
+from api.schemas.tei import (
+    TeiEmbedRequest,
+    TeiEmbedSparseRequest,
+    TeiInfo,
+    TeiSparseValue,
+    TeiToken,
+    TeiTokenizeRequest,
+)
 from api.server import Server
+from scoring.lexical import nonzero_weights
+from scoring.m3_rows import m3_outputs, unused_token_ids
 from scoring.rerank import RerankOptions
 
 
@@ -56,6 +66,36 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     return EncodedJson(truncate_dimensions(vectors, data.dimensions).tolist())
+
+
+@post(
+    "/embed_sparse",
+    status_code=200,
+    request_body=TeiEmbedSparseRequest,
+    responses=documented(list[list[TeiSparseValue]], "each text's non-zero weights by token id"),
+)
+async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    data = await decode_body(request, TeiEmbedSparseRequest)
+    model = server.registry().get(None, SPARSE_EMBED)
+    spec, encoder = model.spec, model.encoder
+    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
+    if not texts:
+        raise InvalidInput("inputs must not be empty", "inputs")
+    check_texts(texts, server.config.max_inputs, "inputs")
+    prompt = select_prompt(spec.prompts, None, data.prompt_name, spec.default_prompt_name)
+    texts = [prompt + text for text in texts] if prompt else texts
+    truncate = server.config.auto_truncate if data.truncate is None else data.truncate
+    keep_end = data.truncation_direction == "Left"
+    guard = RequestGuard(model.token_engine, request, server.config)
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
+    rows = await guard.run(sequences)
+    server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
+    if spec.m3:
+        unused = unused_token_ids(encoder.tokenizer, spec.path)
+        weights = [sorted(output.lexical.items()) for output in m3_outputs(rows, sequences, unused)]
+    else:
+        weights = [list(zip(*(part.tolist() for part in nonzero_weights(row)))) for row in rows]
+    return EncodedJson([[TeiSparseValue(index, value) for index, value in text] for text in weights])
 
 
 @post(

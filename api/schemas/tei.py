@@ -45,3 +45,15 @@ class TeiInfo(msgspec.Struct):
     tokenization_workers: int | None = None
     sha: str | None = None
     docker_label: str | None = None
+
+
+class TeiEmbedSparseRequest(msgspec.Struct, kw_only=True):
+    inputs: str | list[str]
+    truncate: bool | None = None  # None: the server's --auto-truncate
+    truncation_direction: Literal["Left", "Right"] = "Right"
+    prompt_name: str | None = None
+
+
+class TeiSparseValue(msgspec.Struct):
+    index: int  # a token id of the model's vocabulary
+    value: float

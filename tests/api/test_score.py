@@ -95,3 +95,24 @@ def test_a_judge_scores_several_queries_at_once_and_counts_the_tokens_it_ran(tmp
     assert tokens[0] == tokens[5] + tokens[6]
     # each group ran its query's prompt once: fewer tokens than its pairs alone
     assert tokens[5] < tokens[1] + tokens[2] and tokens[6] < tokens[3] + tokens[4]
+
+
+def test_vllms_other_names_of_the_two_sides_score_alike(client):
+    expected = scored(client, text_1=QUERY, text_2=DOCS)["data"]
+    for first, second in (("queries", "documents"), ("data_1", "data_2")):
+        assert scored(client, **{first: QUERY, second: DOCS})["data"] == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"text_1": "a", "documents": ["b"]}, "not several"),
+        ({"queries": "a"}, "documents"),
+        ({"data_2": ["a"]}, "data_1"),
+        ({}, "text_1 and text_2"),
+    ],
+)
+def test_sides_given_by_two_names_or_by_half_are_a_400(client, body, named):
+    response = client.post("/score", json=body)
+    assert response.status_code == 400, response.text
+    assert named in response.json()["error"]["message"]

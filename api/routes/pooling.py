@@ -1,0 +1,114 @@
+"""POST /pooling (vLLM's pooling API) and /v1/pooling: a text's pooled vector ("embed"), its token vectors
+("token_embed": a ColBERT model's, a query's or a document's as `input_type` says, or bge-m3's ColBERT
+vectors) or bge-m3's three outputs from one forward ("all")."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+from litestar import Request, post
+from litestar.di import NamedDependency
+
+from api.body import decode_body
+from api.errors import InvalidInput
+from api.guard import RequestGuard
+from api.inputs import check_texts
+from api.models import EMBED, TOKEN_EMBED, ServedModel
+from api.prompts import select_prompt
+from api.responses import EncodedJson, documented
+from api.routes.embeddings import truncation
+from api.schemas.vllm import PoolingData, PoolingRequest, PoolingResponse, ScoreUsage
+from api.server import Server
+from scoring.late_interaction import split_rows
+from scoring.m3_rows import m3_outputs, unused_token_ids
+
+QUERY_TYPES = ("query", "search_query")
+
+
+@post(
+    ["/pooling", "/v1/pooling"],
+    status_code=200,
+    request_body=PoolingRequest,
+    responses=documented(PoolingResponse, "each text's pooled output, in input order"),
+)
+async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    data = await decode_body(request, PoolingRequest)
+    texts = [data.input] if isinstance(data.input, str) else data.input
+    if not texts:
+        raise InvalidInput("input must not be empty", "input")
+    check_texts(texts, server.config.max_inputs, "input")
+    task = data.task or _own_task(server, data.model)
+    model = server.registry().get(data.model, TOKEN_EMBED if task == "all" else task)
+    if task == "all" and not model.spec.m3:
+        raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
+    guard = RequestGuard(model.engine if task == EMBED else model.token_engine, request, server.config)
+    is_query = data.input_type in QUERY_TYPES
+    sequences = await guard.tokenized(_token_ids(model, texts, data, is_query, server.config.auto_truncate))
+    rows = await guard.run(sequences)
+    num_tokens = sum(map(len, sequences))
+    server.metrics.count_prompt_tokens(model.name, num_tokens)
+    if task == EMBED:
+        items = [_vectors(vector, data.encoding_format) for vector in rows]
+    elif task == TOKEN_EMBED:
+        token_vectors = _token_vectors(model, sequences, rows, is_query)
+        items = [_vectors(vectors, data.encoding_format) for vectors in token_vectors]
+    else:
+        unused = unused_token_ids(model.encoder.tokenizer, model.spec.path)
+        items = [
+            {
+                "dense_vecs": _vectors(output.dense, data.encoding_format),
+                "lexical_weights": {str(token): weight for token, weight in output.lexical.items()},
+                "colbert_vecs": _vectors(output.colbert, data.encoding_format),
+            }
+            for output in m3_outputs(rows, sequences, unused)
+        ]
+    response = PoolingResponse(
+        id=f"pool-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=data.model or model.name,
+        data=[PoolingData(index=index, data=item) for index, item in enumerate(items)],
+        usage=ScoreUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
+    )
+    return EncodedJson(response)
+
+
+def _own_task(server: Server, name: str | None) -> str:
+    """A request without a task gets its model's own: token_embed for a ColBERT model, else embed."""
+    models = server.registry().models
+    named = models if name is None else [model for model in models if name in model.names]
+    return TOKEN_EMBED if named and named[0].spec.task == TOKEN_EMBED else EMBED
+
+
+async def _token_ids(
+    model: ServedModel, texts: list[str], data: PoolingRequest, is_query: bool, auto_truncate: bool
+) -> list[list[int]]:
+    encoder, late = model.encoder, model.late_interaction
+    if late is not None:  # cut to the model's query or document length, as its own encode does
+        content = await encoder.content_ids_off_loop(texts)
+        return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
+    spec = model.spec
+    prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
+    texts = [prompt + text for text in texts] if prompt else texts
+    max_tokens, truncate = truncation(data.truncate_prompt_tokens, encoder.window, auto_truncate)
+    return await encoder.encode_off_loop(texts, max_tokens, truncate)
+
+
+def _token_vectors(
+    model: ServedModel, sequences: list[list[int]], rows: np.ndarray, is_query: bool
+) -> list[np.ndarray]:
+    """Each text's token vectors: a ColBERT model's that count (a document's punctuation left out), or
+    bge-m3's ColBERT vectors (every token's but [CLS]'s)."""
+    late = model.late_interaction
+    parts = split_rows(rows, [len(ids) for ids in sequences])
+    if late is not None:
+        return [late.kept(ids, part, is_query) for ids, part in zip(sequences, parts)]
+    return [part[1:, :-1] for part in parts]
+
+
+def _vectors(vectors: np.ndarray, encoding_format: str) -> list | bytes:
+    """Floats as lists, or base64 of the little-endian float32 array (a matrix row by row)."""
+    if encoding_format == "base64":
+        return vectors.astype("<f4").tobytes()
+    return vectors.tolist()
