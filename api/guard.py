@@ -36,6 +36,7 @@ class Enqueuing(Protocol):
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> asyncio.Future[EngineOutput]: ...
 
     def estimate_seconds(self, num_tokens: int) -> float | None: ...
@@ -80,6 +81,7 @@ class RequestGuard:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
         lengths = list(map(len, token_ids))
         num_tokens = sum(lengths) if prefix is None else self.engine.tokens_to_run(lengths, len(prefix))
@@ -93,10 +95,12 @@ class RequestGuard:
                 if estimate > self.timeout_s:
                     raise NeverInTime(estimate, self.timeout_s)
                 backstop = self.times.arrived + BACKSTOP_TIMEOUTS * self.timeout_s
-        if prefix is None:
+        if prefix is None and spans is None:
             work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
-        else:  # only where the engine shares_prefix
+        elif spans is None:  # only where the engine shares_prefix
             work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, prefix=prefix)
+        else:  # late chunking
+            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, spans=spans)
         watch = _Watch(work, self.receive, backstop)
         try:
             output = await work

@@ -23,6 +23,9 @@ class PackedBatch:
     # host [num_seqs] int64: each sequence's trailing tokens that attend but are no key of any token (a
     # ColBERT query's expansion tokens); None: every token is a key
     num_query_only: torch.Tensor | None = None
+    # host [num_pools + 1] int32: where each pooled span starts, a partition of the tokens finer than
+    # cu_seqlens (late chunking: a sequence's chunks pooled apart); None: a span a sequence
+    pool_cu_seqlens: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -41,6 +44,7 @@ class PackedBatch:
             max_seqlen=self.max_seqlen,
             prefix_of=self.prefix_of,
             num_query_only=self.num_query_only,
+            pool_cu_seqlens=self.pool_cu_seqlens,
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -52,6 +56,7 @@ class PackedBatch:
             max_seqlen=self.max_seqlen,
             prefix_of=self.prefix_of,  # read on the host, by the attention metadata
             num_query_only=self.num_query_only,  # likewise
+            pool_cu_seqlens=self.pool_cu_seqlens,  # likewise
         )
 
 
@@ -60,12 +65,14 @@ def pack(
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
     prefix_of: Sequence[int] | None = None,
     query_only_token: int | None = None,
+    spans: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
     (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
     length, and its keys are the prefix's, then its own (AttentionMetadata.build). A sequence's trailing
     run of `query_only_token` attends to the tokens before it but is no key (a ColBERT query's expansion:
-    a tokenized text ends with a special token, never with it)."""
+    a tokenized text ends with a special token, never with it). `spans[i]` (None: none) are the token
+    offsets inside sequence i where a new pooled span starts (late chunking)."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -98,7 +105,39 @@ def pack(
     query_only = None if query_only_token is None else trailing_counts(token_ids, query_only_token)
     if query_only is not None and prefixes is not None:
         raise ValueError("a batch's sequences either continue prefixes or end in query-only tokens")
-    return PackedBatch(*tensors, max_seqlen=max(lengths), prefix_of=prefix_tensor, num_query_only=query_only)
+    pool_cu_seqlens = None if spans is None else span_starts(cu_seqlens, spans)
+    return PackedBatch(
+        *tensors,
+        max_seqlen=max(lengths),
+        prefix_of=prefix_tensor,
+        num_query_only=query_only,
+        pool_cu_seqlens=pool_cu_seqlens,
+    )
+
+
+def span_starts(cu_seqlens: np.ndarray, spans: Sequence[Sequence[int] | None]) -> torch.Tensor | None:
+    """[num_pools + 1] int32: each sequence's start, then its span boundaries; the end. None: no spans."""
+    if all(boundaries is None for boundaries in spans):
+        return None
+    starts: list[int] = []
+    for start, boundaries in zip(cu_seqlens[:-1].tolist(), spans):
+        starts.append(start)
+        starts += [start + offset for offset in boundaries or ()]
+    starts.append(int(cu_seqlens[-1]))
+    return torch.tensor(starts, dtype=torch.int32)
+
+
+def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -> None:
+    """Span boundaries (pack's `spans`) increase strictly inside their sequence; one entry a sequence."""
+    if len(spans) != len(lengths):
+        raise ValueError(f"{len(spans)} span lists for {len(lengths)} sequences")
+    for boundaries, length in zip(spans, lengths):
+        if boundaries is not None and not all(a < b for a, b in zip([0, *boundaries], [*boundaries, length])):
+            raise ValueError("span boundaries must increase inside their sequence")
+
+
+def num_spans(boundaries: Sequence[int] | None) -> int:
+    return 1 if boundaries is None else len(boundaries) + 1
 
 
 def trailing_counts(token_ids: Sequence[Sequence[int]], token: int) -> torch.Tensor | None:

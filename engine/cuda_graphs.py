@@ -219,8 +219,10 @@ class GraphCache:
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
         """[num_seqs, out_dim] rows (a token head's: [num_tokens, out_dim]) on the device from a graph, or
-        None: run this batch eagerly (also one with query-only tokens, whose key layout no graph stages)."""
-        key = self.key(batch) if batch.num_query_only is None else None
+        None: run this batch eagerly (also one with query-only tokens, whose key layout no graph stages,
+        or with pooled spans)."""
+        eager = batch.num_query_only is not None or batch.pool_cu_seqlens is not None
+        key = None if eager else self.key(batch)
         if key is None:
             return None
         self.num_hits[key] += 1

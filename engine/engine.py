@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.batch import pack
+from engine.batch import check_spans, num_spans, pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
@@ -84,6 +84,8 @@ class Engine:
         # run in a sequence is query-only (a ColBERT query's expansion, batch.pack)
         self.token_rows: bool = getattr(runner, "token_rows", False)
         self.query_only_token: int | None = getattr(runner, "query_only_token", None)
+        # pools a sequence's spans apart where asked (late chunking: an embedder that mean-pools)
+        self.pools_spans: bool = getattr(runner, "pools_spans", False)
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
@@ -138,9 +140,11 @@ class Engine:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
-        """One row per sequence ([num_seqs, out_dim] float32; a token head's: one a token), in order."""
-        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
+        """One row per sequence ([num_seqs, out_dim] float32; a token head's: one a token; with `spans`:
+        one a span), in order."""
+        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix, spans=spans)).rows
 
     def enqueue(
         self,
@@ -148,13 +152,16 @@ class Engine:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> asyncio.Future[EngineOutput]:
         """Queue the sequences now (refusals raise here) and return the future of their output, no task
         in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
         refuses work the queue could not finish before it (BehindDeadline, a 429). With `prefix`, each
-        sequence continues those tokens (where `runs_prefixes`): its row is that of prefix + sequence."""
+        sequence continues those tokens (where `runs_prefixes`): its row is that of prefix + sequence. With
+        `spans` (where `pools_spans`), sequence i gives a row for each of its spans: it starts one, and
+        so does each offset in spans[i]."""
         request = FutureRequest(len(token_ids), asyncio.get_running_loop())
-        self.submit(request, token_ids, token_type_ids, deadline, prefix)
+        self.submit(request, token_ids, token_type_ids, deadline, prefix, spans)
         return request.future
 
     def submit(
@@ -164,6 +171,7 @@ class Engine:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> None:
         """Queue a request from any thread, or raise (Overloaded, SequenceTooLong, EngineStopped,
         ValueError) before anything is queued."""
@@ -183,12 +191,18 @@ class Engine:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
-        if self.token_rows:
-            request.expect_token_rows(lengths)
+        if spans is not None:
+            if not self.pools_spans or prefix is not None:
+                raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
+            check_spans(spans, lengths)
+            request.expect_rows(list(map(num_spans, spans)))
+        elif self.token_rows:
+            request.expect_rows(lengths)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         self.scheduler.submit(
-            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix), deadline
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix, spans),
+            deadline,
         )
 
     def _loop(self) -> None:
@@ -251,6 +265,7 @@ class Engine:
                 [sequence.token_type_ids for sequence in batch],
                 prefix_of if max(prefix_of) >= 0 else None,
                 self.query_only_token,
+                [sequence.spans for sequence in batch] if self.pools_spans else None,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -277,12 +292,11 @@ class Engine:
         # a request's sequences sit side by side in a batch (after its prefix, which has no row of the
         # request's): one hand-over per request
         batch, start = in_flight.batch, 0
-        # where each sequence's rows start: its index, or with a row a token its first token's
-        row_starts = (
-            list(itertools.accumulate((len(sequence.token_ids) for sequence in batch), initial=0))
-            if self.token_rows
-            else range(len(batch) + 1)
-        )
+        # where each sequence's rows start: a row a sequence, or a row a token (token heads) or a span
+        row_starts: Sequence[int] = range(len(batch) + 1)
+        if self.token_rows or self.pools_spans:
+            counts = (len(seq.token_ids) if self.token_rows else num_spans(seq.spans) for seq in batch)
+            row_starts = list(itertools.accumulate(counts, initial=0))
         while start < len(batch):
             if batch[start].is_prefix:
                 start += 1

@@ -201,7 +201,7 @@ class _Connection:
 
     def _run(self, run: Run) -> None:
         self._replies_read(run.replies_read)
-        lengths, ids, types, prefix = self._payload(run)
+        lengths, ids, types, prefix, spans = self._payload(run)
         ends = list(itertools.accumulate(lengths))
         token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
         token_types = None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
@@ -209,26 +209,39 @@ class _Connection:
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
-            self.engine.submit(request, token_ids, token_types, deadline, prefix)
+            self.engine.submit(request, token_ids, token_types, deadline, prefix, spans)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)
 
-    def _payload(self, run: Run) -> tuple[list[int], np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The Run's lengths, token ids, token types and prefix, copied out of the ring (whose space the
-        next reply then frees)."""
+    def _payload(
+        self, run: Run
+    ) -> tuple[list[int], np.ndarray, np.ndarray | None, np.ndarray | None, list | None]:
+        """The Run's lengths, token ids, token types, prefix and spans, copied out of the ring (whose space
+        the next reply then frees)."""
         count = run.num_tokens
         types_end = run.num_seqs + count * (2 if run.has_types else 1)
         if run.spill is not None:
             data = read_spill(self.folder, run.spill).view(np.int32)
         else:
-            data = self.requests.array(run.offset, "<i4", types_end + run.prefix_tokens).copy()
+            data = self.requests.array(
+                run.offset, "<i4", types_end + run.prefix_tokens + run.span_words
+            ).copy()
             self.requests_read = max(self.requests_read, run.end)
         lengths = data[: run.num_seqs].tolist()
         ids = data[run.num_seqs : run.num_seqs + count]
         types = data[run.num_seqs + count : types_end] if run.has_types else None
         prefix = data[types_end : types_end + run.prefix_tokens] if run.prefix_tokens else None
-        return lengths, ids, types, prefix
+        spans = None
+        if run.span_words:
+            counts = data[types_end + run.prefix_tokens :][: run.num_seqs].tolist()
+            boundaries = data[types_end + run.prefix_tokens + run.num_seqs :][: run.span_words - run.num_seqs]
+            ends = list(itertools.accumulate(max(count, 0) for count in counts))
+            spans = [
+                None if count < 0 else boundaries[end - count : end].tolist()
+                for count, end in zip(counts, ends)
+            ]
+        return lengths, ids, types, prefix, spans
 
     def _replies_read(self, position: int) -> None:
         if self.replies is not None and position:

@@ -69,6 +69,7 @@ class ReplicaLink:
         num_tokens: int,
         time_left_s: float | None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> None:
         """Write the chunk's lengths, ids (and types, and the prefix its sequences continue) into the
         request ring and send its Run; `num_tokens`: its sequences' tokens."""
@@ -83,6 +84,12 @@ class ReplicaLink:
         parts = [lengths, ids] if types is None else [lengths, ids, types]
         if prefix is not None:
             parts.append(np.asarray(prefix, dtype="<i4"))
+        span_words = 0
+        if spans is not None:
+            counts = [-1 if boundaries is None else len(boundaries) for boundaries in spans]
+            boundaries = [offset for offsets in spans for offset in offsets or ()]
+            parts += [np.asarray(counts, dtype="<i4"), np.asarray(boundaries, dtype="<i4")]
+            span_words = len(counts) + len(boundaries)
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:
@@ -107,6 +114,7 @@ class ReplicaLink:
                 time_left_s,
                 self.replies_read,
                 0 if prefix is None else len(prefix),
+                span_words,
             )
         )
 

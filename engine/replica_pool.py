@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.batch import check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.prefixes import prefix_pays, read_rule, split_by_tokens, tokens_to_run
 from engine.replica_link import ReplicaLink
@@ -55,6 +56,7 @@ class _Chunk:
     request: _Request
     position: int  # in its request
     deadline: float | None
+    spans: Sequence[Sequence[int] | None] | None = None  # its sequences' (Engine.enqueue's)
     replica: int = -1
     attempts: int = 0
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
@@ -108,9 +110,10 @@ class ReplicaPool:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> np.ndarray:
-        """One row per sequence ([num_seqs, out_dim] float32), in the order given."""
-        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
+        """As Engine.run: rows in the order given."""
+        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix, spans=spans)).rows
 
     def enqueue(
         self,
@@ -118,13 +121,17 @@ class ReplicaPool:
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
+        spans: Sequence[Sequence[int] | None] | None = None,
     ) -> asyncio.Future[EngineOutput]:
         """Send the request's chunks now and return the future of its output (the slowest chunk's queue
         and inference times, the tokens all ran); cancelling it cancels every chunk on its replica. With
-        `prefix`, each chunk's sequences continue it (where the replicas run shared prefixes)."""
+        `prefix`, each chunk's sequences continue it (where the replicas run shared prefixes); `spans`, as
+        Engine.enqueue's, go with their sequences."""
         lengths = [len(ids) for ids in token_ids]
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
+        if spans is not None:
+            check_spans(spans, lengths)
         prefix_length = 0 if prefix is None else len(prefix)
         if prefix is not None and read_rule(self.description.get("shared_prefixes")) is None:
             raise ValueError("the engine replicas do not run shared prefixes")
@@ -141,8 +148,9 @@ class ReplicaPool:
             types = None if token_type_ids is None else token_type_ids[start:end]
             num_tokens = sum(lengths[start:end]) + prefix_length
             chunk = _Chunk(
-                token_ids[start:end], types, prefix, num_tokens, request, len(request.chunks), deadline
-            )
+                token_ids[start:end], types, prefix, num_tokens, request, len(request.chunks), deadline,
+                None if spans is None else spans[start:end],
+            )  # fmt: skip
             request.chunks.append(chunk)
         request.parts = [None] * len(request.chunks)
         request.num_pending = len(request.chunks)
@@ -221,8 +229,9 @@ class ReplicaPool:
         time_left = None if chunk.deadline is None else chunk.deadline - time.perf_counter()
         num_sequence_tokens = chunk.num_tokens - (0 if chunk.prefix is None else len(chunk.prefix))
         link.send_run(
-            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.prefix
-        )
+            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.prefix,
+            chunk.spans,
+        )  # fmt: skip
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
         chunk = self._pending.pop(chunk_id, None)

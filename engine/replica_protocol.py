@@ -26,8 +26,9 @@ class Hello(msgspec.Struct, tag="hello", array_like=True):
 class Run(msgspec.Struct, tag="run", array_like=True):
     """Sequences to embed. The request ring holds at `offset`: lengths (int32 [num_seqs]), token ids
     (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
-    prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`); or the file
-    `spill`."""
+    prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
+    `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
+    boundaries (Engine.submit's `spans`); or the file `spill`."""
 
     id: int
     num_seqs: int
@@ -39,6 +40,7 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     time_left_s: float | None = None  # of the request's deadline; None: no deadline
     replies_read: int = 0  # the gateway has read the reply ring up to here
     prefix_tokens: int = 0
+    span_words: int = 0
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -33,7 +33,7 @@ class EngineRequest:
     def __init__(self, num_seqs: int):
         self.num_pending = num_seqs  # rows still to come
         self.rows: np.ndarray | None = None
-        self.row_starts: list[int] | None = None  # with a row a token: each sequence's first row
+        self.row_starts: list[int] | None = None  # with expect_rows: each sequence's first row
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.num_tokens = 0  # run so far, counted as batches launch
@@ -45,9 +45,10 @@ class EngineRequest:
         if self.started_at is None:
             self.started_at = now
 
-    def expect_token_rows(self, lengths: Sequence[int]) -> None:
-        """The engine's head gives a row a token: the sequences' rows are their tokens'."""
-        self.row_starts = list(itertools.accumulate(lengths, initial=0))
+    def expect_rows(self, counts: Sequence[int]) -> None:
+        """Its sequences give these many rows each, not one (a token head's: a row a token; late
+        chunking: a row a span)."""
+        self.row_starts = list(itertools.accumulate(counts, initial=0))
         self.num_pending = self.row_starts[-1]
 
     def set_rows(self, start: int, rows: np.ndarray) -> None:

@@ -17,6 +17,7 @@ class ModelRunner:
         # a row a token (ColBERT, bge-m3) instead of a sequence; a query's trailing tokens that are no keys
         self.token_rows = bool(getattr(model, "token_rows", False))
         self.query_only_token: int | None = getattr(model, "query_only_token", None)
+        self.pools_spans = bool(getattr(model, "pools_spans", False))
         self.device = device
         self.graphs = graphs
         self.host_buffers = HostBuffers()

@@ -30,6 +30,7 @@ class ScheduledSequence:
     # no row in its request's result
     prefix_at: int = -1
     is_prefix: bool = False
+    spans: Sequence[int] | None = None  # where its pooled spans start (late chunking); None: one span
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +46,7 @@ class QueuedRequest:
     # tokens every sequence continues (a judge's template and query): each batch that takes sequences of
     # the request runs them once, before the first of them
     prefix: Sequence[int] | None = None
+    spans: Sequence[Sequence[int] | None] | None = None  # per sequence (ScheduledSequence.spans)
     taken: int = 0  # sequences already in batches
     remaining_tokens: int = 0  # the prefix counted once, until a batch first takes it
 
@@ -67,7 +69,8 @@ class QueuedRequest:
         self.taken += 1
         self.remaining_tokens -= self.lengths[index]
         types = self.token_type_ids[index] if self.token_type_ids is not None else None
-        return ScheduledSequence(self.token_ids[index], types, self.owner, index)
+        spans = self.spans[index] if self.spans is not None else None
+        return ScheduledSequence(self.token_ids[index], types, self.owner, index, spans=spans)
 
     @property
     def done(self) -> bool:

@@ -17,21 +17,23 @@ COLBERT_DIM = 16
 QUERY_LENGTH, DOCUMENT_LENGTH = 12, 24
 
 
-def tiny_bert_config(minilm: Path, model_type: str = "bert", architecture: str = "BertModel", **extra):
+# the CPU tests' shape; the GPU tests' has head dim 64, which every attention backend takes
+TINY = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
+TINY_HEAD_DIM_64 = {"hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 256}
+
+
+def tiny_bert_config(minilm: Path, model_type: str = "bert", architecture: str = "BertModel", shape=TINY):
     from transformers import AutoConfig
 
     vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
     return AutoConfig.for_model(
         model_type,
         vocab_size=vocab_size,
-        hidden_size=32,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
         max_position_embeddings=128,
         architectures=[architecture],
         pad_token_id=0,
-        **extra,
+        **shape,
     )
 
 
@@ -50,13 +52,13 @@ def copy_tokenizer(minilm: Path, folder: Path) -> None:
         shutil.copy(minilm / name, folder / name)
 
 
-def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0) -> tuple[Path, Path]:
+def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0, shape=TINY) -> tuple[Path, Path]:
     """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a 16-wide projection,
     12-token queries and 24-token documents."""
     from safetensors.torch import save_file
     from transformers import BertModel
 
-    bert = randomized(BertModel(tiny_bert_config(minilm)), seed)
+    bert = randomized(BertModel(tiny_bert_config(minilm, shape=shape)), seed)
     generator = torch.Generator().manual_seed(seed + 1)
     linear = torch.randn(COLBERT_DIM, bert.config.hidden_size, generator=generator) * 0.3
     state = {name: tensor.contiguous() for name, tensor in bert.state_dict().items()}
@@ -118,7 +120,7 @@ def colbert_ai_checkpoint(folder: Path):
         base_colbert.class_factory = made
 
 
-def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = "max") -> Path:
+def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = "max", shape=TINY) -> Path:
     """A random BertForMaskedLM saved as a sentence-transformers SparseEncoder (MLMTransformer,
     SpladePooling)."""
     from sentence_transformers import SparseEncoder
@@ -126,7 +128,8 @@ def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = 
     from transformers import BertForMaskedLM
 
     source = folder.parent / f"{folder.name}-mlm"
-    model = randomized(BertForMaskedLM(tiny_bert_config(minilm, architecture="BertForMaskedLM")), seed)
+    config = tiny_bert_config(minilm, architecture="BertForMaskedLM", shape=shape)
+    model = randomized(BertForMaskedLM(config), seed)
     model.save_pretrained(source)
     copy_tokenizer(minilm, source)
     encoder = SparseEncoder(modules=[MLMTransformer(str(source)), SpladePooling(pooling)], device="cpu")
@@ -134,12 +137,13 @@ def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = 
     return folder
 
 
-def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0) -> Path:
+def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0, shape=TINY) -> Path:
     """bge-m3's layout over a random XLM-RoBERTa encoder: the sentence-transformers dense model ([CLS],
     normalized) beside colbert_linear.pt and sparse_linear.pt."""
     from transformers import XLMRobertaModel
 
-    model = randomized(XLMRobertaModel(tiny_bert_config(minilm, "xlm-roberta", "XLMRobertaModel")), seed)
+    config = tiny_bert_config(minilm, "xlm-roberta", "XLMRobertaModel", shape)
+    model = randomized(XLMRobertaModel(config), seed)
     model.save_pretrained(folder)
     copy_tokenizer(minilm, folder)
     hidden = model.config.hidden_size

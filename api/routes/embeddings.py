@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from litestar import Request, post
 from litestar.di import NamedDependency
 
@@ -10,7 +11,8 @@ from api.encoding import check_dimensions, encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.inputs import normalize_input
-from api.models import EMBED
+from api.late_chunking import late_chunked_vectors
+from api.models import EMBED, ServedModel
 from api.prompts import select_prompt
 from api.responses import EncodedJson, documented
 from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
@@ -42,17 +44,21 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
         data.truncate_prompt_tokens, encoder.window, server.config.auto_truncate
     )
     guard = RequestGuard(model.engine, request, server.config)
-    if inputs.texts is not None:
-        spec = model.spec
-        prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
-        texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
-        sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate))
+    if data.late_chunking:
+        vectors, num_tokens = await _late_chunked(model, inputs.texts, data, guard, max_tokens, truncate)
     else:
-        if not server.config.accept_token_ids:
-            raise InvalidInput(TOKEN_IDS_REFUSED.format(model=model.name), "input")
-        sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
-    num_tokens = sum(map(len, sequences))
-    vectors = truncate_dimensions(await guard.run(sequences), data.dimensions)
+        if inputs.texts is not None:
+            spec = model.spec
+            prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
+            texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
+            sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate))
+        else:
+            if not server.config.accept_token_ids:
+                raise InvalidInput(TOKEN_IDS_REFUSED.format(model=model.name), "input")
+            sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
+        num_tokens = sum(map(len, sequences))
+        vectors = await guard.run(sequences)
+    vectors = truncate_dimensions(vectors, data.dimensions)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     encoded = encode_vectors(vectors, data.encoding_format)
     response = EmbeddingResponse(
@@ -61,6 +67,26 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
         usage=Usage(prompt_tokens=num_tokens, total_tokens=num_tokens),
     )
     return EncodedJson(response)
+
+
+async def _late_chunked(
+    model: ServedModel,
+    texts: list[str] | None,
+    data: EmbeddingRequest,
+    guard: RequestGuard,
+    max_tokens: int,
+    truncate: bool,
+) -> tuple[np.ndarray, int]:
+    spec = model.spec
+    if texts is None:
+        raise InvalidInput("late_chunking takes texts, the chunks of one document", "late_chunking")
+    if spec.pooling != "mean" or spec.m3:
+        raise InvalidInput(
+            f"late_chunking pools each chunk's tokens by their mean; the model '{model.name}' pools by "
+            f"{spec.pooling}", "late_chunking",
+        )  # fmt: skip
+    prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
+    return await late_chunked_vectors(model.encoder, texts, prompt, guard, max_tokens, truncate)
 
 
 def truncation(truncate_prompt_tokens: int | None, window: int, auto_truncate: bool) -> tuple[int, bool]:

@@ -21,6 +21,8 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     # query / document (and Cohere's search_query, search_document, ...) pick the model's prompt
     input_type: str | None = None
     prompt_name: str | None = None
+    # Jina's: the inputs are one document's consecutive chunks, read together (api/late_chunking.py)
+    late_chunking: bool = False
 
 
 class Embedding(msgspec.Struct):

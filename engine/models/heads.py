@@ -71,14 +71,31 @@ class Embedder(Head):
         self.dense = nn.ModuleList(Dense(layout) for layout in dense)
         self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
 
+    @property
+    def pools_spans(self) -> bool:
+        """Late chunking: a sequence's spans mean-pooled apart (PackedBatch.pool_cu_seqlens)."""
+        return self.pooler.method == "mean"
+
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
-        # PackedBatch of num_seqs sequences -> [num_seqs, output size] float32
-        rows = self.pooled(batch, meta, self.pooler.method)
+        # PackedBatch of num_seqs sequences -> [num_seqs, output size] float32 (pooled spans: a row each)
+        if batch.pool_cu_seqlens is not None:
+            rows = self.span_means(batch, meta)
+        else:
+            rows = self.pooled(batch, meta, self.pooler.method)
         if len(self.dense):
             rows = rows.to(self.dense[0].linear.weight.dtype)  # a mean is float32
             for layer in self.dense:
                 rows = layer(rows)
         return self.pooler.finish(rows)
+
+    def span_means(self, batch: PackedBatch, meta: AttentionMetadata | None) -> torch.Tensor:
+        # PackedBatch -> [num_spans, hidden] float32: every token through the model, each span's mean
+        if meta is None:
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        hidden = self.backbone.finish(self.backbone.encode(batch, meta))
+        starts = batch.pool_cu_seqlens
+        spans = AttentionMetadata.build(starts, int(torch.diff(starts).max())).to(hidden.device)
+        return POOLING_METHODS["mean"](hidden, spans)
 
     def weight_map(self) -> WeightTargets:
         return {**super().weight_map(), **dense_targets(self.dense)}

@@ -8,6 +8,8 @@ from litestar.testing import TestClient
 from api.app import create_app
 from api.cli import apply_environment, build_parser, config_from_args
 from api.config import ServerConfig
+from tests.conftest import build_cross_encoder
+from tests.token_checkpoints import splade_checkpoint
 
 KEY = "s3cret-key-42"
 OPEN = {"/health", "/ready"}
@@ -28,6 +30,11 @@ ROUTES = {
     "/info": ("GET", None, "tei"),
     "/score": ("POST", {"text_1": "q", "text_2": "d"}, "openai"),
     "/v1/score": ("POST", {"text_1": "q", "text_2": "d"}, "openai"),
+    "/pooling": ("POST", {"input": "x"}, "openai"),
+    "/v1/pooling": ("POST", {"input": "x"}, "openai"),
+    "/classify": ("POST", {"input": "x"}, "openai"),
+    "/v1/classify": ("POST", {"input": "x"}, "openai"),
+    "/embed_sparse": ("POST", {"inputs": "x"}, "tei"),
 }
 WRONG = {
     "no header": {},
@@ -48,8 +55,15 @@ RIGHT = {
 
 
 @pytest.fixture(scope="module")
-def client():
-    with TestClient(create_app(ServerConfig(api_key=KEY))) as test_client:
+def client(minilm_path, tmp_path_factory):
+    """The bundled model, a cross-encoder (for /classify) and a SPLADE model (for /embed_sparse)."""
+    root = tmp_path_factory.mktemp("auth-models")
+    models = (
+        None,
+        str(build_cross_encoder(minilm_path, root / "ce")),
+        str(splade_checkpoint(minilm_path, root / "sp")),
+    )
+    with TestClient(create_app(ServerConfig(api_key=KEY, models=models))) as test_client:
         yield test_client
 
 

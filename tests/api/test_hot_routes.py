@@ -19,6 +19,11 @@ HOT = {
     "/embed",
     "/score",
     "/v1/score",
+    "/pooling",
+    "/v1/pooling",
+    "/classify",
+    "/v1/classify",
+    "/embed_sparse",
 }
 RERANK = {"query": "what is a cat?", "documents": ["a cat is an animal", "stocks fell"]}
 REQUESTS = [
@@ -37,6 +42,10 @@ REQUESTS = [
     ("/rerank", {"query": "q", "texts": ["d", "e"], "return_text": True}),
     ("/rerank", {"query": "q"}),
     ("/score", {"text_1": "q", "text_2": ["d", "e"]}),
+    ("/pooling", {"input": ["a cat", "a dog"]}),
+    ("/pooling", {"input": "a cat", "task": "token_embed"}),  # the bundled model has no token vectors
+    ("/classify", {"input": "a cat"}),  # nor labels
+    ("/embed_sparse", {"inputs": "a cat"}),  # nor sparse weights
 ]
 # headers whose values differ between two answers to the same request
 VOLATILE_HEADERS = {

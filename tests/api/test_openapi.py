@@ -35,6 +35,11 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/info",
         "/score",
         "/v1/score",
+        "/pooling",
+        "/v1/pooling",
+        "/classify",
+        "/v1/classify",
+        "/embed_sparse",
         "/health",
         "/ready",
         "/metrics",
@@ -55,6 +60,11 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/tokenize": "#/components/schemas/TeiTokenizeRequest",
         "/score": "#/components/schemas/ScoreRequest",
         "/v1/score": "#/components/schemas/ScoreRequest",
+        "/pooling": "#/components/schemas/PoolingRequest",
+        "/v1/pooling": "#/components/schemas/PoolingRequest",
+        "/classify": "#/components/schemas/ClassifyRequest",
+        "/v1/classify": "#/components/schemas/ClassifyRequest",
+        "/embed_sparse": "#/components/schemas/TeiEmbedSparseRequest",
     }
     components = schema["components"]["schemas"]
     assert components["EmbeddingRequest"]["required"] == ["input"]

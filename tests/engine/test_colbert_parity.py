@@ -106,3 +106,28 @@ def test_the_engine_hands_each_request_its_token_rows_across_batches(folders, re
         expected = reference[1] if order is documents else reference[1][::-1]
         for got, want in zip(kept, expected):
             np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
+def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
+    """Two replica processes, a request cut into chunks of at most 48 tokens: the rows come back by
+    token, in order, as the in-process engine gives them (queries with their query-only expansion too)."""
+    from engine.replicas import ReplicaSet
+
+    spec = resolve_model(str(folders[1]))
+    late, queries, documents = token_ids(spec)
+    sequences = (queries + documents) * 8
+    config = EngineConfig(max_batch_tokens=48, max_queue_tokens=10**5, dtype="float32")
+    engine = build_engine(spec, config)
+    replica_set = ReplicaSet(str(folders[1]), 2, config)
+    replica_set.start()
+
+    async def both():
+        return await engine.run(sequences), await replica_set.pool.run(sequences)
+
+    try:
+        in_process, replicated = asyncio.run(asyncio.wait_for(both(), 120))
+    finally:
+        engine.stop()
+        replica_set.stop()
+    assert replicated.shape == in_process.shape == (sum(map(len, sequences)), 16)
+    np.testing.assert_allclose(replicated, in_process, atol=TOLERANCE)

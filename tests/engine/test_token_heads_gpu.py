@@ -1,0 +1,107 @@
+"""The token-level heads on CUDA in bf16 against the same tiny random checkpoints in fp32 on the CPU (whose
+parity with colbert-ai, SparseEncoder and FlagEmbedding tests/engine/test_colbert_parity.py and
+test_sparse_parity.py show): ColBERT query and document vectors (the queries' expansion tokens, which are
+no keys, run eagerly; documents through CUDA graphs, captured and replayed), SPLADE weights, bge-m3's three
+outputs, with every attention backend that runs here; cosine >= 0.999 a vector, weights within 2e-2 of
+the largest."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from engine.attention import select_backend
+from engine.batch import pack
+from engine.build import build_engine
+from engine.config import EngineConfig
+from engine.errors import AttentionBackendUnavailable
+from engine.loader import load_model, resolve_model
+from tests.engine.graph_runs import run_three_times
+from tests.engine.test_colbert_parity import token_ids
+from tests.token_checkpoints import TINY_HEAD_DIM_64, colbert_checkpoints, m3_checkpoint, splade_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ["torch", "torch-varlen", "triton", "flashinfer", "flash-attn"]
+COSINE_TOLERANCE = 0.999
+WEIGHT_TOLERANCE = 2e-2  # of the largest weight
+TEXTS = [[101, *range(2000, 2000 + n), 102] for n in (1, 7, 30, 61, 120)]
+
+
+def cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(got, axis=-1) * np.linalg.norm(expected, axis=-1)
+    return (got * expected).sum(-1) / np.maximum(norms, 1e-12)
+
+
+def cpu_rows(spec, sequences, query_only_token=None):
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    with torch.inference_mode():
+        return model(pack(sequences, None, None, query_only_token)).numpy()
+
+
+def cuda_model(spec, backend):
+    try:
+        attention = select_backend(
+            backend, "cuda", num_heads=2, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16
+        )
+    except AttentionBackendUnavailable as error:
+        pytest.skip(str(error))
+    return load_model(spec, "cuda", torch.bfloat16, attention)
+
+
+@pytest.fixture(scope="module")
+def folders(minilm_path, tmp_path_factory):
+    root, shape = tmp_path_factory.mktemp("token-gpu"), TINY_HEAD_DIM_64
+    return {
+        "colbert": colbert_checkpoints(minilm_path, root / "colbert", shape=shape)[1],
+        "splade": splade_checkpoint(minilm_path, root / "splade", shape=shape),
+        "m3": m3_checkpoint(minilm_path, root / "m3", shape=shape),
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_colbert_on_cuda_gives_the_cpu_vectors(folders, backend):
+    spec = resolve_model(str(folders["colbert"]))
+    _, queries, documents = token_ids(spec)
+    model = cuda_model(spec, backend)
+    expected = cpu_rows(spec, queries + documents, model.query_only_token)
+    with torch.inference_mode():
+        batch = pack(queries + documents, None, None, model.query_only_token)
+        got = model(batch.to("cuda")).float().cpu().numpy()
+    assert cosines(got, expected).min() >= COSINE_TOLERANCE
+
+
+def test_colbert_documents_through_cuda_graphs(folders):
+    spec = resolve_model(str(folders["colbert"]))
+    _, queries, documents = token_ids(spec)
+    expected = cpu_rows(spec, documents)
+    results, graphs = run_three_times(spec, EngineConfig(device="cuda", dtype="bfloat16"), [documents])
+    assert graphs is not None and graphs.graphs
+    for rows in results[0]:
+        assert cosines(rows, expected).min() >= COSINE_TOLERANCE
+    engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
+    try:
+        rows = asyncio.run(engine.run(queries))  # expansion tokens: eager, with the query-only key layout
+    finally:
+        engine.stop()
+    assert cosines(rows, cpu_rows(spec, queries, engine.query_only_token)).min() >= COSINE_TOLERANCE
+
+
+def test_splade_on_cuda_through_graphs_gives_the_cpu_weights(folders):
+    spec = resolve_model(str(folders["splade"]))
+    expected = cpu_rows(spec, TEXTS)
+    results, graphs = run_three_times(spec, EngineConfig(device="cuda", dtype="bfloat16"), [TEXTS])
+    assert graphs is not None and graphs.graphs
+    for rows in results[0]:
+        assert np.abs(rows - expected).max() <= WEIGHT_TOLERANCE * expected.max()
+
+
+def test_bge_m3_on_cuda_through_graphs_gives_the_cpu_outputs(folders):
+    spec = resolve_model(str(folders["m3"]))
+    expected = cpu_rows(spec, TEXTS)
+    results, graphs = run_three_times(spec, EngineConfig(device="cuda", dtype="bfloat16"), [TEXTS])
+    assert graphs is not None and graphs.graphs
+    for rows in results[0]:
+        assert cosines(rows[:, :-1], expected[:, :-1]).min() >= COSINE_TOLERANCE
+        assert np.abs(rows[:, -1] - expected[:, -1]).max() <= WEIGHT_TOLERANCE * expected[:, -1].max()
