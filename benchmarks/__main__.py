@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "scaling": "benchmarks.scaling",
     "bulk": "benchmarks.bulk",
     "online": "benchmarks.online",
+    "tokens": "benchmarks.token_outputs",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

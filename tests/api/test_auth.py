@@ -8,8 +8,8 @@ from litestar.testing import TestClient
 from api.app import create_app
 from api.cli import apply_environment, build_parser, config_from_args
 from api.config import ServerConfig
+from benchmarks.token_checkpoints import splade_checkpoint
 from tests.conftest import build_cross_encoder
-from tests.token_checkpoints import splade_checkpoint
 
 KEY = "s3cret-key-42"
 OPEN = {"/health", "/ready"}

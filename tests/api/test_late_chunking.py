@@ -110,7 +110,7 @@ def test_what_late_chunking_cannot_do_is_a_400(client, body, named):
 
 
 def test_late_chunking_needs_a_mean_pooling_embedder(minilm_path, tmp_path):
-    from tests.token_checkpoints import m3_checkpoint
+    from benchmarks.token_checkpoints import m3_checkpoint
 
     folder = m3_checkpoint(minilm_path, tmp_path / "m3")
     with TestClient(create_app(ServerConfig(models=(str(folder),)))) as client:

@@ -12,8 +12,7 @@ from litestar.testing import TestClient
 
 from api.app import create_app
 from api.config import ServerConfig
-from scoring.late_interaction import max_sim
-from tests.token_checkpoints import (
+from benchmarks.token_checkpoints import (
     QUERY_LENGTH,
     colbert_ai_checkpoint,
     colbert_checkpoints,
@@ -21,6 +20,7 @@ from tests.token_checkpoints import (
     m3_checkpoint,
     splade_checkpoint,
 )
+from scoring.late_interaction import max_sim
 
 TOLERANCE = 1e-5
 QUERY = "what do cats eat?"

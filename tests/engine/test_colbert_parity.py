@@ -9,6 +9,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from benchmarks.token_checkpoints import (
+    DOCUMENT_LENGTH,
+    QUERY_LENGTH,
+    colbert_ai_checkpoint,
+    colbert_checkpoints,
+)
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
@@ -16,7 +22,6 @@ from engine.config import EngineConfig
 from engine.loader import load_model, resolve_model
 from scoring.late_interaction import LateInteraction, split_rows
 from scoring.templates import SingleTemplate
-from tests.token_checkpoints import DOCUMENT_LENGTH, QUERY_LENGTH, colbert_ai_checkpoint, colbert_checkpoints
 
 TOLERANCE = 1e-5
 QUERIES = ["what do cats eat?", "a", "one two three four five six seven eight nine ten eleven twelve"]

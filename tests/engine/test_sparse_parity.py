@@ -8,12 +8,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from benchmarks.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade_checkpoint
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.loader import load_model, resolve_model
 from engine.models import sparse as sparse_module
 from scoring.m3_rows import m3_outputs, unused_token_ids
-from tests.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade_checkpoint
 
 TOLERANCE = 1e-5
 TEXTS = ["what do cats eat?", "Cats eat fish, mostly.", "a", "word " * 60, "Ünïcödé façade; 東京 🙂"]

@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.token_checkpoints import (
+    TINY_HEAD_DIM_64,
+    colbert_checkpoints,
+    m3_checkpoint,
+    splade_checkpoint,
+)
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
@@ -19,7 +25,6 @@ from engine.errors import AttentionBackendUnavailable
 from engine.loader import load_model, resolve_model
 from tests.engine.graph_runs import run_three_times
 from tests.engine.test_colbert_parity import token_ids
-from tests.token_checkpoints import TINY_HEAD_DIM_64, colbert_checkpoints, m3_checkpoint, splade_checkpoint
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,5 @@
-"""Tiny random checkpoints of the token-level model layouts, built with the MiniLM tokenizer (no hub):
+"""Random checkpoints of the token-level model layouts (tiny for the tests, real-size for the tokens suite),
+built with the MiniLM tokenizer (no hub):
 ColBERT as colbert-ai saves it and as PyLate does (same weights), SPLADE as sentence-transformers'
 SparseEncoder saves it, and bge-m3 (an XLM-RoBERTa encoder with colbert_linear.pt and sparse_linear.pt).
 Every parameter is random, norms and biases too, so that parity can fail. Also the reference packages'
@@ -17,23 +18,33 @@ COLBERT_DIM = 16
 QUERY_LENGTH, DOCUMENT_LENGTH = 12, 24
 
 
-# the CPU tests' shape; the GPU tests' has head dim 64, which every attention backend takes
+# the CPU tests' shape; the GPU tests' has head dim 64, which every attention backend takes; the tokens
+# suite's are the real models'
 TINY = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
 TINY_HEAD_DIM_64 = {"hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 256}
+BERT_BASE = {
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "max_position_embeddings": 512,
+}
+XLM_ROBERTA_LARGE = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "max_position_embeddings": 8194,
+}
 
 
 def tiny_bert_config(minilm: Path, model_type: str = "bert", architecture: str = "BertModel", shape=TINY):
     from transformers import AutoConfig
 
     vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
+    settings = {"num_hidden_layers": 2, "max_position_embeddings": 128, **shape}
     return AutoConfig.for_model(
-        model_type,
-        vocab_size=vocab_size,
-        num_hidden_layers=2,
-        max_position_embeddings=128,
-        architectures=[architecture],
-        pad_token_id=0,
-        **shape,
+        model_type, vocab_size=vocab_size, architectures=[architecture], pad_token_id=0, **settings
     )
 
 
@@ -52,15 +63,22 @@ def copy_tokenizer(minilm: Path, folder: Path) -> None:
         shutil.copy(minilm / name, folder / name)
 
 
-def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0, shape=TINY) -> tuple[Path, Path]:
-    """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a 16-wide projection,
-    12-token queries and 24-token documents."""
+def colbert_checkpoints(
+    minilm: Path,
+    root: Path,
+    seed: int = 0,
+    shape=TINY,
+    dim: int = COLBERT_DIM,
+    lengths: tuple[int, int] = (QUERY_LENGTH, DOCUMENT_LENGTH),
+) -> tuple[Path, Path]:
+    """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a `dim`-wide projection and the
+    query and document `lengths` (the tests': 16, 12 and 24)."""
     from safetensors.torch import save_file
     from transformers import BertModel
 
     bert = randomized(BertModel(tiny_bert_config(minilm, shape=shape)), seed)
     generator = torch.Generator().manual_seed(seed + 1)
-    linear = torch.randn(COLBERT_DIM, bert.config.hidden_size, generator=generator) * 0.3
+    linear = torch.randn(dim, bert.config.hidden_size, generator=generator) * 0.3
     state = {name: tensor.contiguous() for name, tensor in bert.state_dict().items()}
 
     colbert_ai = root / "colbert-ai"
@@ -70,8 +88,8 @@ def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0, shape=TINY) -> 
     copy_tokenizer(minilm, colbert_ai)
     save_file({**{f"bert.{name}": t for name, t in state.items()}, "linear.weight": linear},
               str(colbert_ai / "model.safetensors"))  # fmt: skip
-    metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": QUERY_LENGTH,
-                "doc_maxlen": DOCUMENT_LENGTH, "dim": COLBERT_DIM, "mask_punctuation": True,
+    metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": lengths[0],
+                "doc_maxlen": lengths[1], "dim": dim, "mask_punctuation": True,
                 "attend_to_mask_tokens": False, "similarity": "cosine"}  # fmt: skip
     (colbert_ai / "artifact.metadata").write_text(json.dumps(metadata))
 
@@ -84,12 +102,12 @@ def colbert_checkpoints(minilm: Path, root: Path, seed: int = 0, shape=TINY) -> 
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
     ]
     (pylate / "modules.json").write_text(json.dumps(modules))
-    settings = {"query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": QUERY_LENGTH,
-                "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": False,
+    settings = {"query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": lengths[0],
+                "document_length": lengths[1], "attend_to_expansion_tokens": False,
                 "do_query_expansion": True, "similarity_fn_name": "MaxSim"}  # fmt: skip
     (pylate / "config_sentence_transformers.json").write_text(json.dumps(settings))
-    (pylate / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": DOCUMENT_LENGTH - 1}))
-    dense = {"in_features": bert.config.hidden_size, "out_features": COLBERT_DIM, "bias": False,
+    (pylate / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": lengths[1] - 1}))
+    dense = {"in_features": bert.config.hidden_size, "out_features": dim, "bias": False,
              "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
     (pylate / "1_Dense" / "config.json").write_text(json.dumps(dense))
     save_file({"linear.weight": linear.clone()}, str(pylate / "1_Dense" / "model.safetensors"))
