@@ -70,13 +70,18 @@ def colbert_checkpoints(
     shape=TINY,
     dim: int = COLBERT_DIM,
     lengths: tuple[int, int] = (QUERY_LENGTH, DOCUMENT_LENGTH),
+    modernbert: bool = False,
 ) -> tuple[Path, Path]:
     """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a `dim`-wide projection and the
-    query and document `lengths` (the tests': 16, 12 and 24)."""
+    query and document `lengths` (the tests': 16, 12 and 24); `modernbert`: a ModernBERT one (as
+    GTE-ModernColBERT), with 8-token local attention windows, shorter than a query."""
     from safetensors.torch import save_file
     from transformers import BertModel
 
-    bert = randomized(BertModel(tiny_bert_config(minilm, shape=shape)), seed)
+    bert = randomized(
+        tiny_modernbert(minilm) if modernbert else BertModel(tiny_bert_config(minilm, shape=shape)), seed
+    )
+    prefix = bert.base_model_prefix
     generator = torch.Generator().manual_seed(seed + 1)
     linear = torch.randn(dim, bert.config.hidden_size, generator=generator) * 0.3
     state = {name: tensor.contiguous() for name, tensor in bert.state_dict().items()}
@@ -86,7 +91,7 @@ def colbert_checkpoints(
     config = bert.config.to_dict() | {"architectures": ["HF_ColBERT"]}
     (colbert_ai / "config.json").write_text(json.dumps(config))
     copy_tokenizer(minilm, colbert_ai)
-    save_file({**{f"bert.{name}": t for name, t in state.items()}, "linear.weight": linear},
+    save_file({**{f"{prefix}.{name}": t for name, t in state.items()}, "linear.weight": linear},
               str(colbert_ai / "model.safetensors"))  # fmt: skip
     metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": lengths[0],
                 "doc_maxlen": lengths[1], "dim": dim, "mask_punctuation": True,
@@ -114,6 +119,19 @@ def colbert_checkpoints(
     return colbert_ai, pylate
 
 
+def tiny_modernbert(minilm: Path):
+    from transformers import ModernBertConfig, ModernBertModel
+
+    vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
+    config = ModernBertConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, global_attn_every_n_layers=2, local_attention=8,
+        max_position_embeddings=128, pad_token_id=0, cls_token_id=101, sep_token_id=102,
+        bos_token_id=101, eos_token_id=102, architectures=["ModernBertModel"],
+    )  # fmt: skip
+    return ModernBertModel(config)
+
+
 def colbert_ai_checkpoint(folder: Path):
     """colbert-ai's Checkpoint of a folder, on the CPU. colbert-ai 0.2.22 builds its HF_ColBERT without
     transformers 5's bookkeeping: the class it makes gets what transformers reads of it."""
@@ -138,19 +156,37 @@ def colbert_ai_checkpoint(folder: Path):
         base_colbert.class_factory = made
 
 
-def splade_checkpoint(minilm: Path, folder: Path, seed: int = 0, pooling: str = "max", shape=TINY) -> Path:
-    """A random BertForMaskedLM saved as a sentence-transformers SparseEncoder (MLMTransformer,
-    SpladePooling)."""
+def splade_checkpoint(
+    minilm: Path,
+    folder: Path,
+    seed: int = 0,
+    pooling: str = "max",
+    shape=TINY,
+    activation: str = "relu",
+    family: str = "bert",
+) -> Path:
+    """A random *ForMaskedLM of the BERT `family` (bert, roberta, distilbert) saved as a
+    sentence-transformers SparseEncoder (MLMTransformer, SpladePooling)."""
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
-    from transformers import BertForMaskedLM
+    from transformers import AutoConfig, AutoModelForMaskedLM
 
     source = folder.parent / f"{folder.name}-mlm"
-    config = tiny_bert_config(minilm, architecture="BertForMaskedLM", shape=shape)
-    model = randomized(BertForMaskedLM(config), seed)
+    if family == "distilbert":  # DistilBERT names its sizes otherwise
+        vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
+        config = AutoConfig.for_model(
+            "distilbert", vocab_size=vocab_size, dim=shape["hidden_size"], hidden_dim=shape["intermediate_size"],
+            n_heads=shape["num_attention_heads"], n_layers=2, max_position_embeddings=128, pad_token_id=0,
+            architectures=["DistilBertForMaskedLM"],
+        )  # fmt: skip
+    else:
+        architecture = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}[family]
+        config = tiny_bert_config(minilm, family, architecture, shape=shape)
+    model = randomized(AutoModelForMaskedLM.from_config(config), seed)
     model.save_pretrained(source)
     copy_tokenizer(minilm, source)
-    encoder = SparseEncoder(modules=[MLMTransformer(str(source)), SpladePooling(pooling)], device="cpu")
+    modules = [MLMTransformer(str(source)), SpladePooling(pooling, activation_function=activation)]
+    encoder = SparseEncoder(modules=modules, device="cpu")
     encoder.save(str(folder))
     return folder
 

@@ -58,9 +58,13 @@ class SpladeEncoder(Head):
         self.splade = splade
         self.tied = tied
         # the pooler and the other pretraining heads are not read; a tied decoder's saved copy neither
-        others = tuple(head for head in backbone.pretraining_heads if not self.layout.dense.startswith(head))
-        tied_copy = (f"{self.layout.decoder}.weight",) if tied else ()
-        self.ignored_weights = (*backbone.ignored_weights, *others, *self.layout.bias_aliases, *tied_copy)
+        layout = self.layout
+        read = [f"{name}." for name in (layout.dense, layout.norm, layout.decoder, layout.bias)]
+        others = tuple(
+            head for head in backbone.pretraining_heads if not any(n.startswith(head) for n in read)
+        )
+        tied_copy = (f"{layout.decoder}.weight",) if tied else ()
+        self.ignored_weights = (*backbone.ignored_weights, *others, *layout.bias_aliases, *tied_copy)
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, vocab_size] float32

@@ -35,7 +35,11 @@ def folders(minilm_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(folders):
-    checkpoint = colbert_ai_checkpoint(folders[0])
+    return colbert_ai_vectors(folders[0])
+
+
+def colbert_ai_vectors(folder):
+    checkpoint = colbert_ai_checkpoint(folder)
     with torch.inference_mode():
         queries = checkpoint.queryFromText(QUERIES)
         documents = checkpoint.docFromText(DOCUMENTS, keep_dims=False)
@@ -60,7 +64,19 @@ def token_ids(spec):
 
 @pytest.mark.parametrize("layout", [0, 1], ids=["colbert-ai", "pylate"])
 def test_colbert_vectors_match_colbert_ai(folders, reference, layout):
-    spec = resolve_model(str(folders[layout]))
+    assert_matches(folders[layout], reference)
+
+
+@pytest.mark.parametrize("layout", [0, 1], ids=["colbert-ai", "pylate"])
+def test_a_modernbert_colbert_matches_colbert_ai(minilm_path, tmp_path_factory, layout):
+    """GTE-ModernColBERT's family: its 8-token local windows are shorter than a query, so the expansion
+    tokens' windows count from their own positions over keys that end before them."""
+    folders = colbert_checkpoints(minilm_path, tmp_path_factory.mktemp("modern-colbert"), modernbert=True)
+    assert_matches(folders[layout], colbert_ai_vectors(folders[0]))
+
+
+def assert_matches(folder, reference):
+    spec = resolve_model(str(folder))
     assert spec.task == "token_embed" and spec.output_dim == 16
     assert (spec.colbert.query_length, spec.colbert.document_length) == (QUERY_LENGTH, DOCUMENT_LENGTH)
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))

@@ -26,11 +26,23 @@ def encode(spec, texts):
     return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
 
 
-@pytest.mark.parametrize("pooling", ["max", "sum"])
-def test_splade_weights_match_sentence_transformers(minilm_path, tmp_path, monkeypatch, pooling):
+@pytest.mark.parametrize(
+    ("family", "pooling", "activation"),
+    [
+        ("bert", "max", "relu"),
+        ("bert", "sum", "relu"),
+        ("distilbert", "max", "log1p_relu"),  # OpenSearch's sparse encoders
+        ("roberta", "max", "relu"),
+    ],
+)
+def test_splade_weights_match_sentence_transformers(
+    minilm_path, tmp_path, monkeypatch, family, pooling, activation
+):
     from sentence_transformers import SparseEncoder
 
-    folder = splade_checkpoint(minilm_path, tmp_path / "splade", pooling=pooling)
+    folder = splade_checkpoint(
+        minilm_path, tmp_path / "splade", pooling=pooling, activation=activation, family=family
+    )
     spec = resolve_model(str(folder))
     assert spec.task == "sparse_embed" and spec.output_dim == spec.vocab_size
     # small chunks, so that a sequence's tokens span several of them
