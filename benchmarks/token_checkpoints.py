@@ -175,8 +175,9 @@ def splade_checkpoint(
     if family == "distilbert":  # DistilBERT names its sizes otherwise
         vocab_size = json.loads((minilm / "config.json").read_text())["vocab_size"]
         config = AutoConfig.for_model(
-            "distilbert", vocab_size=vocab_size, dim=shape["hidden_size"], hidden_dim=shape["intermediate_size"],
-            n_heads=shape["num_attention_heads"], n_layers=2, max_position_embeddings=128, pad_token_id=0,
+            "distilbert", vocab_size=vocab_size, dim=shape["hidden_size"], n_layers=2,
+            hidden_dim=shape["intermediate_size"], n_heads=shape["num_attention_heads"],
+            max_position_embeddings=128, pad_token_id=0,
             architectures=["DistilBertForMaskedLM"],
         )  # fmt: skip
     else:
