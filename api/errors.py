@@ -36,9 +36,13 @@ class InvalidInput(ApiError):
 
 
 class InputTooLong(InvalidInput):
-    def __init__(self, index: int, num_tokens: int, max_tokens: int, param: str = "input"):
+    def __init__(
+        self, index: int, num_tokens: int, max_tokens: int, param: str = "input", at_least: bool = False
+    ):
+        """`at_least`: `num_tokens` were counted in the input's start only (api/tokenize.py)."""
+        count = f"more than {num_tokens}" if at_least else f"{num_tokens}"
         super().__init__(
-            f"input {index} has {num_tokens} tokens, more than the model's maximum of {max_tokens}; "
+            f"input {index} has {count} tokens, more than the model's maximum of {max_tokens}; "
             "shorten it or ask for truncation (truncate_prompt_tokens, or --auto-truncate)",
             param,
         )
