@@ -107,8 +107,19 @@ class Unauthorized(ApiError):
 
 
 class NotReady(ApiError):
+    """503 with a Retry-After: loading, draining, or no engine replica of a model running."""
+
     status_code = 503
     error_type = "service_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+# a 503's Retry-After where no engine replica of a model runs: the seconds a restarted replica takes to
+# load a small model and warm up
+RESTART_RETRY_S = 5
 
 
 class ApiShape(Enum):
@@ -145,6 +156,8 @@ def request_id_of(scope: Scope) -> str:
 def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, dict[str, str]]:
     if isinstance(exc, Unauthorized):
         return exc.status_code, exc, {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, NotReady):
+        return exc.status_code, exc, {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, ApiError):
         return exc.status_code, exc, {}
     if isinstance(exc, (ScoringError, SequenceTooLong)):
@@ -157,8 +170,12 @@ def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, d
             ApiError(str(exc), error_type="rate_limit_exceeded"),
             {"Retry-After": str(exc.retry_after_s)},
         )
-    if isinstance(exc, EngineStopped):
-        return 503, ApiError(str(exc), error_type="service_unavailable"), {}
+    if isinstance(exc, EngineStopped):  # a replica restarting, or the server stopping: worth a retry soon
+        return (
+            503,
+            ApiError(str(exc), error_type="service_unavailable"),
+            {"Retry-After": str(RESTART_RETRY_S)},
+        )
     extra = {"request_id": request_id}
     if isinstance(exc, EngineError):
         logger.error("request %s: engine error: %s", request_id, exc, extra=extra)

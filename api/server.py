@@ -48,7 +48,17 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self._registry is not None and not self.draining
+        return self.unready_reason() is None
+
+    def unready_reason(self) -> str | None:
+        """Why /ready is a 503: loading, draining, or a model none of whose engine replicas runs (they are
+        restarted); None when ready."""
+        if self._registry is None:
+            return "loading"
+        if self.draining:
+            return "draining"
+        down = [model.name for model in self._registry.models if not model.engine.accepting]
+        return f"no engine replica of {', '.join(down)} is running" if down else None
 
     def registry(self) -> ModelRegistry:
         if self._registry is None or self.draining:

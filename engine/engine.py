@@ -91,6 +91,11 @@ class Engine:
         self._intake: Intake | None = None
 
     @property
+    def accepting(self) -> bool:
+        """Its worker runs and takes work (readiness)."""
+        return self._thread is not None and self._thread.is_alive() and not self.scheduler.stopped
+
+    @property
     def queued_tokens(self) -> int:
         return self.scheduler.queued_tokens
 

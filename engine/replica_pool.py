@@ -161,6 +161,11 @@ class ReplicaPool:
             self._send(chunk)
         return request.future
 
+    @property
+    def accepting(self) -> bool:
+        """Some replica is alive and the pool is not stopped (readiness)."""
+        return not self._stopped and any(self.alive)
+
     def replica_died(self, index: int) -> None:
         """From any thread: the replica's process is gone; its chunks go elsewhere once."""
         if not self._call_in_loop(self._fail_over, index):

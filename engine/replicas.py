@@ -159,22 +159,42 @@ class ReplicaSet:
                 )
 
     def _watch(self) -> None:
+        """Every WATCH_INTERVAL_S: a replica that died is told to the pool at once and started again; one
+        that is starting is told back once warm. Nothing here waits on a start, so a second death during a
+        restart is seen as soon as the first (readiness sees both replicas gone)."""
+        starting: dict[int, tuple[Any, float]] = {}  # index -> (its ready event, its deadline)
         while not self._stopping.wait(WATCH_INTERVAL_S):
             for index, process in enumerate(self.processes):
-                if process.is_alive() or self._stopping.is_set():
+                if self._stopping.is_set():
+                    return
+                if index not in starting:
+                    if process.is_alive():
+                        continue
+                    self._died(index)
+                elif starting[index][0].is_set():
+                    del starting[index]
+                    self._back(index)
                     continue
-                logger.error("engine replica %d exited with code %s: restarting it", index, process.exitcode)
-                self.pool.replica_died(index)
-                self.num_restarts[index] += 1
-                self.liveness[2 * index], self.liveness[2 * index + 1] = 0, self.num_restarts[index]
-                try:
-                    self._wait_ready(index, self._spawn(index))
-                except ReplicaStartError:
-                    logger.exception("engine replica %d did not come back; trying again", index)
+                elif process.is_alive() and time.monotonic() < starting[index][1]:
                     continue
-                self.pool.replica_back(index)
-                self.liveness[2 * index] = 1
-                logger.info("engine replica %d is back", index)
+                else:
+                    logger.error("engine replica %d did not come back (exit code %s); trying again",
+                                 index, process.exitcode)  # fmt: skip
+                    process.kill()
+                starting[index] = (self._spawn(index), time.monotonic() + READY_TIMEOUT_S)
+
+    def _died(self, index: int) -> None:
+        logger.error(
+            "engine replica %d exited with code %s: restarting it", index, self.processes[index].exitcode
+        )
+        self.pool.replica_died(index)
+        self.num_restarts[index] += 1
+        self.liveness[2 * index], self.liveness[2 * index + 1] = 0, self.num_restarts[index]
+
+    def _back(self, index: int) -> None:
+        self.pool.replica_back(index)
+        self.liveness[2 * index] = 1
+        logger.info("engine replica %d is back", index)
 
 
 @dataclass(frozen=True, slots=True)

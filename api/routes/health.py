@@ -5,7 +5,7 @@ from __future__ import annotations
 from litestar import Response, get
 from litestar.di import NamedDependency
 
-from api.errors import NotReady
+from api.errors import RESTART_RETRY_S, NotReady
 from api.server import Server
 
 
@@ -16,8 +16,9 @@ def health() -> dict[str, str]:
 
 @get("/ready", sync_to_thread=False)
 def ready(server: NamedDependency[Server]) -> dict[str, str]:
-    if not server.ready:
-        raise NotReady("draining" if server.draining else "loading")
+    reason = server.unready_reason()
+    if reason is not None:
+        raise NotReady(reason, RESTART_RETRY_S if reason.startswith("no engine") else 1)
     return {"status": "ready"}
 
 

@@ -134,3 +134,20 @@ def test_concurrent_requests_get_their_own_vectors(client):
     together = asyncio.run(main())
     for one, other in zip(alone, together):
         assert float(one @ other) >= 0.9999
+
+
+def test_a_stopped_engine_makes_ready_and_model_requests_a_503_with_retry_after():
+    server = Server(ServerConfig())
+    with TestClient(create_app(server.config, server)) as client:
+        assert client.get("/ready").status_code == 200
+        server.registry().models[0].engine.stop()  # as if its only replica were gone
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.headers["retry-after"] == "5"
+        assert "no engine replica of" in ready.json()["error"]["message"]
+        for path, body in (("/v1/embeddings", {"input": "x"}), ("/rerank", {"query": "q", "texts": ["d"]})):
+            response = client.post(path, json=body)
+            assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
+        server.draining = True
+        draining = client.post("/v2/rerank", json={"query": "q", "documents": ["d"]})
+        assert draining.status_code == 503 and draining.headers["retry-after"] == "1"
+        assert client.get("/ready").json()["error"]["message"] == "draining"

@@ -109,6 +109,23 @@ def test_a_killed_replica_comes_back_and_no_request_hangs(replicas, sequences, e
     assert all(after > earlier for after, earlier in zip(replicas.pool.chunks_sent, before))
 
 
+def test_the_pool_accepts_work_while_a_replica_lives(replicas, sequences, expected):
+    """Readiness (/ready) follows the pool: both replicas killed, it accepts nothing until one is back."""
+    assert replicas.pool.accepting
+    for process in replicas.processes:
+        os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while replicas.pool.accepting:
+        assert time.monotonic() < deadline, "the pool did not notice its replicas were gone"
+        time.sleep(0.02)
+    deadline = time.monotonic() + 90
+    while not all(replicas.pool.alive):
+        assert time.monotonic() < deadline, "the killed replicas did not come back"
+        time.sleep(0.2)
+    assert replicas.pool.accepting
+    np.testing.assert_allclose(run(replicas.pool.run(sequences[:64])), expected[:64], rtol=0, atol=1e-5)
+
+
 def test_bad_requests_fail_in_the_gateway_before_any_replica(replicas):
     with pytest.raises(ValueError):
         run(replicas.pool.run([]))
