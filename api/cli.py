@@ -11,6 +11,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from api.config import (
     DRAIN_GRACE_S,
@@ -40,7 +41,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, a
     serve.add_argument(
         "--model",
         action="append",
-        help="model folder or hub id; repeat to serve several (default: the bundled all-MiniLM-L6-v2)",
+        help="model folder or hub id; repeat to serve several (default: the bundled all-MiniLM-L6-v2, which "
+        "'bundled' or 'all-MiniLM-L6-v2' names beside others)",
     )
     serve.add_argument(
         "--served-model-name",
@@ -207,8 +209,17 @@ def apply_environment(command: argparse.ArgumentParser, environ: Mapping[str, st
     command.set_defaults(**defaults)
 
 
+# --model values that name the bundled all-MiniLM-L6-v2 (where no folder of that name is at hand)
+BUNDLED_NAMES = ("bundled", "all-MiniLM-L6-v2")
+
+
+def bundled_or(model: str) -> str | None:
+    """None (the bundled model) for a name of it, else the value as given."""
+    return None if model in BUNDLED_NAMES and not Path(model).is_dir() else model
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    models = tuple(args.model) if args.model else (None,)
+    models = tuple(map(bundled_or, args.model)) if args.model else (None,)
     names = tuple(tuple(part for part in value.split(",") if part) for value in args.served_model_name or ())
     return ServerConfig(
         models=models,

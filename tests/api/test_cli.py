@@ -233,3 +233,13 @@ def test_embed_flags_share_the_engine_flags_and_environment_twins():
     assert config.dimensions == 128 and args.ray is None
     assert parser.parse_args(["embed", "in.csv", "--output", "o", "--ray"]).ray == "auto"
     assert parser.parse_args(["serve", "--ray", "10.0.0.1:6379"]).ray == "10.0.0.1:6379"
+
+
+def test_the_bundled_model_is_named_beside_others(tmp_path, monkeypatch):
+    parser, _ = build_parser()
+    given = ["--model", "bundled", "--model", str(tmp_path), "--model", "all-MiniLM-L6-v2"]
+    assert config_from_args(parser.parse_args(["serve", *given])).models == (None, str(tmp_path), None)
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()  # a folder of that name at hand is that folder
+    monkeypatch.chdir(tmp_path)
+    args = parser.parse_args(["serve", "--model", "all-MiniLM-L6-v2"])
+    assert config_from_args(args).models == ("all-MiniLM-L6-v2",)
