@@ -152,7 +152,7 @@ async def _embed_and_write(
     """One shard: its chunks' rows written as they come back, a row group at a time, then recorded."""
     ids = entry.shard.ids
     buffered: list[np.ndarray] = []
-    written = tokens = 0
+    written = 0
     in_thread: asyncio.Future | None = None  # a write under way, which the file must outlast
 
     async def write(operation, *args) -> None:
@@ -171,14 +171,13 @@ async def _embed_and_write(
         async with Submitted(model, engine, tokenizer, entry.shard.texts, budget) as submitted:
             async for vectors, chunk_tokens in submitted:
                 buffered.append(vectors)
-                tokens += chunk_tokens
+                progress.embedded(len(vectors), chunk_tokens)  # a chunk at a time, not a shard
                 if sum(map(len, buffered)) >= ROW_GROUP_ROWS:
                     await flush()
         entry.embedded = True
         if buffered:
             await flush()
         await write(writer.close)
-        progress.embedded(len(ids), tokens)
     finally:
         if in_thread is not None and not in_thread.done():
             await asyncio.wait([in_thread])

@@ -100,3 +100,20 @@ def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tm
     rerun = JobConfig(str(corpus), str(output), shard_rows=700, device="cpu")
     assert run_with(monkeypatch, StandInEngine(), rerun).skipped_rows == FAILING_FROM
     assert read_output(str(output)).column("id").to_pylist() == list(range(NUM_ROWS))
+
+
+def test_progress_moves_a_chunk_at_a_time(corpus, tmp_path, monkeypatch):
+    """One 5,000-row shard in chunks of 100 texts: the progress is told of each chunk as it comes back,
+    not of the shard once it ends."""
+    calls = []
+    embedded = job.JobProgress.embedded
+
+    def record(self, rows, tokens):
+        calls.append(rows)
+        embedded(self, rows, tokens)
+
+    monkeypatch.setattr(job.JobProgress, "embedded", record)
+    monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
+    config = JobConfig(str(corpus), str(tmp_path / "out"), shard_rows=NUM_ROWS, device="cpu")
+    result = run_with(monkeypatch, StandInEngine(), config)
+    assert calls == [100] * 50 and result.rows == NUM_ROWS
