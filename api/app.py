@@ -17,6 +17,7 @@ from api.hot_routes import HotRoutes
 from api.openapi import openapi_config
 from api.routes.classify import classify
 from api.routes.cohere_embed import embed_v2
+from api.routes.docs import docs
 from api.routes.embeddings import create_embeddings
 from api.routes.health import health, metrics, ready
 from api.routes.models import list_models
@@ -81,6 +82,7 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
             health,
             ready,
             metrics,
+            docs,
         ],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         exception_handlers={Exception: error_response},

@@ -22,6 +22,7 @@ def openapi_config() -> OpenAPIConfig:
         title="posy",
         version=package_version(),
         openapi_router=Router(SCHEMA_PATH, route_handlers=[], include_in_schema=False),
+        use_handler_docstrings=True,  # each route's docstring is its description
         render_plugins=[_WithRequestBodies()],
     )
 

@@ -28,6 +28,7 @@ from api.server import Server
     responses=documented(ClassifyResponse, "each text's label and probabilities, in input order"),
 )
 async def classify(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """vLLM's classify: a sequence classifier's label and probabilities for each text."""
     data = await decode_body(request, ClassifyRequest)
     texts = [data.input] if isinstance(data.input, str) else data.input
     if not texts:

@@ -35,6 +35,8 @@ from api.server import Server
     responses=documented(EmbedResponse, "the embeddings by type, in input order"),
 )
 async def embed_v2(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """Cohere's v2 embed: `texts` with an `input_type`, the vectors in each of the `embedding_types` asked
+    for (float, int8, uint8, binary, ubinary, base64)."""
     data = await decode_body(request, EmbedRequest)
     if data.images or data.inputs:
         param = "images" if data.images else "inputs"

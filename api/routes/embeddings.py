@@ -35,6 +35,8 @@ TOKEN_IDS_REFUSED = (
     responses=documented(EmbeddingResponse, "the embeddings, in input order"),
 )
 async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """OpenAI's embeddings: one vector a text (or token-id list), float or base64; `dimensions` shortens
+    them. With `late_chunking`, the inputs are one document's chunks, read together."""
     data = await decode_body(request, EmbeddingRequest)
     model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)

@@ -11,11 +11,14 @@ from api.server import Server
 
 @get("/health", sync_to_thread=False)
 def health() -> dict[str, str]:
+    """Liveness: 200 while the process runs."""
     return {"status": "ok"}
 
 
 @get("/ready", sync_to_thread=False)
 def ready(server: NamedDependency[Server]) -> dict[str, str]:
+    """Readiness: 200 once the models are loaded and warm and an engine replica of each runs; 503 with
+    Retry-After while loading, draining or restarting."""
     reason = server.unready_reason()
     if reason is not None:
         raise NotReady(reason, RESTART_RETRY_S if reason.startswith("no engine") else 1)
@@ -24,4 +27,5 @@ def ready(server: NamedDependency[Server]) -> dict[str, str]:
 
 @get("/metrics", sync_to_thread=False)
 def metrics(server: NamedDependency[Server]) -> Response[bytes]:
+    """Prometheus metrics: requests, stages, batches, queues and the models' description."""
     return Response(content=server.metrics.render(), media_type=server.metrics.content_type)

@@ -11,6 +11,8 @@ from api.server import Server
 
 @get(["/v1/models", "/models"])
 async def list_models(server: NamedDependency[Server]) -> ModelList:
+    """Every served model name, with its window (`max_model_len`), `tasks`, `dimensions` and whether it is
+    Matryoshka-trained."""
     registry = server.registry()
     return ModelList(
         data=[

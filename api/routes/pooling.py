@@ -34,6 +34,8 @@ QUERY_TYPES = ("query", "search_query")
     responses=documented(PoolingResponse, "each text's pooled output, in input order"),
 )
 async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """vLLM's pooling: each text's pooled vector (`embed`), its token vectors (`token_embed`: ColBERT,
+    bge-m3's ColBERT vectors), or bge-m3's dense, lexical and ColBERT outputs at once (`all`)."""
     data = await decode_body(request, PoolingRequest)
     texts = [data.input] if isinstance(data.input, str) else data.input
     if not texts:

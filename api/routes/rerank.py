@@ -39,6 +39,8 @@ RANKED = documented(RerankResponse, "the documents' indexes and scores, most rel
 
 @post("/v1/rerank", status_code=200, request_body=RerankRequest, responses=RANKED)
 async def rerank_v1(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """Cohere's v1 rerank: the documents (strings, or objects ranked on `rank_fields`), most relevant
+    first, scores in [0, 1]; a long document scores its best chunk (at most `max_chunks_per_doc`)."""
     data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
     options = RerankOptions(max_chunks_per_doc=chunks, instruction=data.instruction)
@@ -47,6 +49,7 @@ async def rerank_v1(request: Request, server: NamedDependency[Server]) -> Encode
 
 @post("/v2/rerank", status_code=200, request_body=RerankRequest, responses=RANKED)
 async def rerank_v2(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """Cohere's v2 rerank: as v1, each document first cut to `max_tokens_per_doc` tokens."""
     data = await decode_body(request, RerankRequest)
     max_tokens = _positive(data.max_tokens_per_doc, "max_tokens_per_doc") or DEFAULT_MAX_TOKENS_PER_DOC
     options = RerankOptions(max_tokens_per_doc=max_tokens, instruction=data.instruction)

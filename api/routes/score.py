@@ -37,6 +37,8 @@ from scoring.rerank import RerankOptions
     responses=documented(ScoreResponse, "one score per pair, in input order"),
 )
 async def score(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """vLLM's score: pairs of texts (one to one, one to many, or pairwise lists), each pair's relevance (a
+    cross-encoder's, a judge's, an embedding model's cosine, a ColBERT model's MaxSim)."""
     data = await decode_body(request, ScoreRequest)
     (first, second), names = _sides(data)
     pairs = _pairs(first, second, server.config.max_documents, names)

@@ -41,6 +41,7 @@ from scoring.rerank import RerankOptions
     responses=documented(list[list[float]], "the vectors, in input order"),
 )
 async def embed_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """text-embeddings-inference's embed: a bare list of vectors."""
     data = await decode_body(request, TeiEmbedRequest)
     model = server.registry().get(None, EMBED)
     spec, encoder = model.spec, model.encoder
@@ -75,6 +76,8 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     responses=documented(list[list[TeiSparseValue]], "each text's non-zero weights by token id"),
 )
 async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """text-embeddings-inference's sparse embed: each text's non-zero weights by token id (SPLADE,
+    bge-m3's lexical weights)."""
     data = await decode_body(request, TeiEmbedSparseRequest)
     model = server.registry().get(None, SPARSE_EMBED)
     spec, encoder = model.spec, model.encoder
@@ -105,6 +108,8 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
     responses=documented(list[TeiRank], "the texts' indexes and scores, most relevant first"),
 )
 async def rerank_tei(request: Request, server: NamedDependency[Server]) -> EncodedJson:
+    """text-embeddings-inference's rerank: a bare list of {index, score[, text]}, most relevant first;
+    `raw_scores` gives the model's raw score."""
     data = await decode_body(request, TeiRerankRequest)
     model = server.registry().get(None, RERANK)
     if not data.query.strip():
@@ -131,6 +136,8 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> Encod
 
 @post("/tokenize", status_code=200, request_body=TeiTokenizeRequest)
 async def tokenize_tei(request: Request, server: NamedDependency[Server]) -> list[list[TeiToken]]:
+    """text-embeddings-inference's tokenize: each text's tokens with their ids, text and character
+    offsets."""
     data = await decode_body(request, TeiTokenizeRequest)
     model = server.registry().models[0]
     texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
@@ -156,6 +163,7 @@ async def tokenize_tei(request: Request, server: NamedDependency[Server]) -> lis
 
 @get("/info", sync_to_thread=False)
 def info_tei(server: NamedDependency[Server]) -> TeiInfo:
+    """text-embeddings-inference's info: the first served model, its dtype, pooling and limits."""
     model = server.registry().models[0]
     spec = model.spec
     if spec.task == "embed":

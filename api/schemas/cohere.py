@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -12,16 +12,40 @@ Document = str | dict[str, Any]
 class RerankRequest(msgspec.Struct, kw_only=True):
     """Both Cohere versions: v1 adds max_chunks_per_doc, v2 adds max_tokens_per_doc."""
 
-    query: str
-    documents: list[Document]
-    model: str | None = None
-    top_n: int | None = None
-    return_documents: bool = False
-    rank_fields: list[str] | None = None
-    max_chunks_per_doc: int | None = None
-    max_tokens_per_doc: int | None = None
+    query: Annotated[
+        str, msgspec.Meta(description="the search query (not empty)", examples=["what do cats eat?"])
+    ]
+    documents: Annotated[
+        list[Document],
+        msgspec.Meta(
+            description="1 to 1000 documents: strings, or (v1) objects with `text` or the `rank_fields`",
+            examples=[["Cats eat fish.", "Trains run on rails."]],
+        ),
+    ]
+    model: Annotated[str | None, msgspec.Meta(description="a served model's name (GET /v1/models)")] = None
+    top_n: Annotated[
+        int | None, msgspec.Meta(description="return this many results", extra_json_schema={"minimum": 1})
+    ] = None
+    return_documents: Annotated[bool, msgspec.Meta(description="each result carries its document")] = False
+    rank_fields: Annotated[
+        list[str] | None, msgspec.Meta(description="v1: the object fields ranked on, as 'field: value' lines")
+    ] = None
+    max_chunks_per_doc: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="v1: chunks of a long document scored (default 10)", extra_json_schema={"minimum": 1}
+        ),
+    ] = None
+    max_tokens_per_doc: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="v2: a document's tokens read (default 4096)", extra_json_schema={"minimum": 1}
+        ),
+    ] = None
     # posy's extension for instruction-following rerankers (Qwen3-Reranker); ignored by others
-    instruction: str | None = None
+    instruction: Annotated[
+        str | None, msgspec.Meta(description="posy's: the task instruction of rerankers that take one")
+    ] = None
 
 
 class RerankResult(msgspec.Struct, omit_defaults=True):

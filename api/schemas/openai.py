@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -11,18 +11,46 @@ EmbeddingInput = str | list[str | int | list[int]]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
-    input: EmbeddingInput
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    input: Annotated[
+        EmbeddingInput,
+        msgspec.Meta(
+            description="a text, 1 to 2048 texts (none empty), or with --accept-token-ids token-id lists",
+            examples=[["a cat sat on the mat", "stocks fell"]],
+        ),
+    ]
+    model: Annotated[str | None, msgspec.Meta(description="a served model's name (GET /v1/models)")] = None
+    encoding_format: Annotated[
+        Literal["float", "base64"],
+        msgspec.Meta(description="base64: each vector's little-endian float32 bytes"),
+    ] = "float"
+    dimensions: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="keep the first N values and re-normalize", extra_json_schema={"minimum": 1}
+        ),
+    ] = None
     user: str | None = None
     # vLLM's extension: truncate each input to this many tokens (-1: the model window)
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="vLLM's: cut each input to this many tokens (-1: the model window) instead of a 400",
+            extra_json_schema={"minimum": -1},
+        ),
+    ] = None
     # query / document (and Cohere's search_query, search_document, ...) pick the model's prompt
-    input_type: str | None = None
-    prompt_name: str | None = None
+    input_type: Annotated[
+        str | None,
+        msgspec.Meta(description="query or document: picks the model's prompt", examples=["query"]),
+    ] = None
+    prompt_name: Annotated[str | None, msgspec.Meta(description="a prompt of the model's by name")] = None
     # Jina's: the inputs are one document's consecutive chunks, read together (api/late_chunking.py)
-    late_chunking: bool = False
+    late_chunking: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Jina's: the inputs are one document's chunks, read together, each pooled alone"
+        ),
+    ] = False
 
 
 class Embedding(msgspec.Struct):

@@ -21,6 +21,7 @@ ROUTES = {
     "/models": ("GET", None, "openai"),
     "/metrics": ("GET", None, "openai"),
     "/openapi.json": ("GET", None, "openai"),
+    "/docs": ("GET", None, "openai"),
     "/v1/rerank": ("POST", {"query": "q", "documents": ["d"]}, "cohere"),
     "/v2/rerank": ("POST", {"query": "q", "documents": ["d"]}, "cohere"),
     "/rerank": ("POST", {"query": "q", "texts": ["d"]}, "tei"),

@@ -102,3 +102,18 @@ def running_app():
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_generated_request_is_a_server_error(case):
     case.call_and_validate(checks=[not_a_server_error])
+
+
+def test_the_docs_page_shows_every_route_with_its_fields(client):
+    response = client.get("/docs")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "<script" not in page and "http" not in page.replace("/openapi.json", "")  # nothing fetched
+    schema = client.get("/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        for method in operations:
+            assert f"{method.upper()}</span> {path}</h2>" in page
+    # a request's fields with their descriptions, bounds and examples; a route's description
+    assert "<code>dimensions</code>" in page and "re-normalize (at least 1)" in page
+    assert "<code>max_tokens_per_doc</code>" in page and "Example: &quot;what do cats eat?&quot;" in page
+    assert "OpenAI&#x27;s embeddings: one vector a text" in page
