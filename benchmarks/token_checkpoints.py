@@ -232,7 +232,12 @@ def flag_m3_embedder(folder: Path):
     import sys
     import types
 
-    root = os.path.dirname(importlib.util.find_spec("FlagEmbedding").origin)
+    loaded = sys.modules.get("FlagEmbedding")  # a call before this one put the package in place
+    root = (
+        loaded.__path__[0]
+        if loaded is not None
+        else os.path.dirname(importlib.util.find_spec("FlagEmbedding").origin)
+    )
     for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder",
                  "FlagEmbedding.finetune", "FlagEmbedding.finetune.embedder"):  # fmt: skip
         if name not in sys.modules:
