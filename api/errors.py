@@ -69,10 +69,10 @@ class RequestTimeout(ApiError):
     status_code = 504
     error_type = "timeout"
 
-    def __init__(self, waited_s: float):
+    def __init__(self, waited_s: float, timeout_s: float):
         super().__init__(
-            f"the request was still waiting on the model after {waited_s:.1f} s (--request-timeout); "
-            "its queued work was dropped"
+            f"the request was still waiting on the model after {waited_s:.1f} s, past its --request-timeout "
+            f"of {timeout_s:g} s; its queued work was dropped"
         )
 
 

@@ -107,7 +107,7 @@ class RequestGuard:
         except asyncio.CancelledError:
             if watch.outcome is None:  # the request's own task was cancelled
                 raise
-            watch.raise_outcome(time.perf_counter() - self.times.arrived)
+            watch.raise_outcome(time.perf_counter() - self.times.arrived, self.timeout_s)
         finally:
             watch.stop()
         self.times.add_engine(output.queue_s, output.inference_s)
@@ -154,9 +154,9 @@ class _Watch:
             self.outcome = outcome
             self.work.cancel()
 
-    def raise_outcome(self, waited_s: float) -> None:
+    def raise_outcome(self, waited_s: float, timeout_s: float) -> None:
         if self.outcome == "timeout":
-            raise RequestTimeout(waited_s)
+            raise RequestTimeout(waited_s, timeout_s)
         if self.outcome == "disconnect":
             raise ClientDisconnected()
         raise self.outcome  # type: ignore[misc]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -64,6 +65,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     for sequences in progress(batches, f"{spec.name}: warming up", logger):
         runner.step(pack(sequences)).result()
     engine = Engine(runner, config, on_batch)
+    seed_rate(engine, spec.max_seq_length)
     engine.attention_backend = backend.name
     # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
     # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
@@ -100,6 +102,22 @@ def fallback_engine(
     )
     engine.start()
     return engine
+
+
+def seed_rate(engine: Engine, window: int) -> None:
+    """Admission refuses work that cannot finish in time from the first request on, which needs a rate: a
+    batch of the smallest size the rate measures, run twice first (an eager run, then a CUDA graph's
+    capture) and timed the third time (as served), is its first observation; real batches soon outweigh
+    it. Before, every request was admitted until a large batch had run, and a burst of them outlasted a
+    short --request-timeout (504s)."""
+    tokens = engine.rate.min_tokens
+    lengths = [window] * (tokens // window) + ([tokens % window] if tokens % window else [])
+    batch = pack([[0] * length for length in lengths])
+    for _ in range(2):
+        engine.runner.step(batch).result()
+    started = time.perf_counter()
+    engine.runner.step(batch).result()
+    engine.rate.observe(batch.num_tokens, time.perf_counter() - started)
 
 
 def warm_up_batches(window: int) -> list[list[list[int]]]:

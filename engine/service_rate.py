@@ -29,6 +29,11 @@ class ServiceRate:
         # the engine's thread
         self.busy_since: float | None = None
 
+    @property
+    def min_tokens(self) -> int:
+        """The smallest batch it measures."""
+        return self._min_tokens
+
     def measures(self, num_tokens: int) -> bool:
         """Whether a batch of `num_tokens` is large enough to take the rate's time per token."""
         return num_tokens >= self._min_tokens
