@@ -257,6 +257,9 @@ class Engine:
 
     def _launch(self, batch: list[ScheduledSequence]) -> _InFlight | None:
         launched_at = time.perf_counter()
+        # busy from now: on the CPU the step computes the whole batch before it returns, and admission
+        # meanwhile counts what is left of it (ServiceRate.seconds_for)
+        self.rate.busy_since = launched_at
         owner = None
         for sequence in batch:
             if sequence.owner is not owner:
