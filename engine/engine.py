@@ -59,6 +59,7 @@ class _InFlight:
     output: LazyTensor
     num_tokens: int
     launched_at: float
+    pooled_spans: bool = False  # some sequence of it gives a row a span
 
 
 class Engine:
@@ -282,7 +283,7 @@ class Engine:
             return None
         if self._on_batch is not None:
             self._on_batch(packed.num_tokens, packed.num_seqs)
-        return _InFlight(batch, output, packed.num_tokens, launched_at)
+        return _InFlight(batch, output, packed.num_tokens, launched_at, packed.pool_cu_seqlens is not None)
 
     def _finish(self, in_flight: _InFlight) -> None:
         try:
@@ -302,7 +303,7 @@ class Engine:
         batch, start = in_flight.batch, 0
         # where each sequence's rows start: a row a sequence, or a row a token (token heads) or a span
         row_starts: Sequence[int] = range(len(batch) + 1)
-        if self.token_rows or self.pools_spans:
+        if self.token_rows or in_flight.pooled_spans:
             counts = (len(seq.token_ids) if self.token_rows else num_spans(seq.spans) for seq in batch)
             row_starts = list(itertools.accumulate(counts, initial=0))
         while start < len(batch):
