@@ -278,7 +278,8 @@ def read_spec(
         matryoshka=task == "embed" and model_card_says_matryoshka(folder),
         colbert=colbert,
         splade=splade,
-        m3=task == "embed" and implementation == "posy" and is_m3_folder(folder),
+        # its dense vector is the [CLS] state, as its sentence-transformers Pooling says
+        m3=task == "embed" and implementation == "posy" and pooling == "cls" and is_m3_folder(folder),
     )
 
 
