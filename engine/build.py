@@ -106,14 +106,14 @@ def fallback_engine(
 
 def seed_rate(engine: Engine, window: int) -> None:
     """Admission refuses work that cannot finish in time from the first request on, which needs a rate: a
-    batch of the smallest size the rate measures, run twice first (an eager run, then a CUDA graph's
-    capture) and timed the third time (as served), is its first observation; real batches soon outweigh
-    it. Before, every request was admitted until a large batch had run, and a burst of them outlasted a
-    short --request-timeout (504s)."""
+    batch of the smallest size the rate measures, run first eagerly (and again for a CUDA graph's
+    capture) and then timed as served, is its first observation; real batches soon outweigh it. Before,
+    every request was admitted until a large batch had run, and a burst of them outlasted a short
+    --request-timeout (504s)."""
     tokens = engine.rate.min_tokens
     lengths = [window] * (tokens // window) + ([tokens % window] if tokens % window else [])
     batch = pack([[0] * length for length in lengths])
-    for _ in range(2):
+    for _ in range(2 if engine.runner.graphs is not None else 1):  # eager (and a graph's capture)
         engine.runner.step(batch).result()
     started = time.perf_counter()
     engine.runner.step(batch).result()
