@@ -15,6 +15,7 @@ from engine.loader import ModelSpec
 from engine.replica_pool import ReplicaPool
 from engine.request import EngineOutput
 from scoring.late_interaction import LateInteraction
+from scoring.listwise import ListwiseModel, ListwisePrompt, passage_tokens
 from scoring.m3_rows import dense_vectors
 from scoring.rerank import RerankModel
 from scoring.templates import TextPrompts
@@ -44,6 +45,7 @@ class ServedModel:
     engine: Engine | ReplicaPool | DenseView
     token_engine: Engine | ReplicaPool | None = None
     late_interaction: LateInteraction | None = None  # a ColBERT model's query and document layout
+    listwise: ListwiseModel | None = None  # a listwise ranker's prompt (see listwise_model)
 
     @property
     def name(self) -> str:
@@ -54,6 +56,8 @@ class ServedModel:
         spec = self.spec
         if spec.m3:
             return (EMBED, RERANK, TOKEN_EMBED, SPARSE_EMBED)
+        if spec.listwise is not None:
+            return (RERANK,)
         if spec.task in (EMBED, TOKEN_EMBED):
             return (spec.task, RERANK)
         if spec.task == SPARSE_EMBED:
@@ -86,6 +90,23 @@ class ServedModel:
             prompts=prompts,
             late_interaction=self.late_interaction,
         )
+
+
+def listwise_model(
+    spec: ModelSpec, encoder: TextEncoder, engine: Engine | ReplicaPool
+) -> ListwiseModel | None:
+    """A listwise ranker's prompts, tokenized by its encoder, as long as its window."""
+    if spec.listwise is None:
+        return None
+    prompt = ListwisePrompt(spec.listwise.document_marker, spec.listwise.query_marker)
+    return ListwiseModel(
+        engine=engine,
+        prompt=prompt,
+        max_prompt_tokens=spec.max_seq_length,
+        passage_tokens=passage_tokens(prompt, lambda text: len(encoder.content_ids([text])[0])),
+        tokenize=encoder.content_ids_off_loop,
+        decode=lambda ids: encoder.tokenizer.decode(list(ids), skip_special_tokens=False),
+    )
 
 
 class DenseView:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from api.config import ServerConfig, engine_config_for
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
-from api.models import DenseView, ModelRegistry, ServedModel
+from api.models import DenseView, ModelRegistry, ServedModel, listwise_model
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
@@ -123,6 +123,7 @@ class Server:
                     engine=DenseView(engine) if spec.m3 else engine,
                     token_engine=engine,
                     late_interaction=late,
+                    listwise=listwise_model(spec, encoder, engine),
                 )
             )
             logger.info(

@@ -72,4 +72,10 @@ def _task(spec: ModelSpec) -> str:
     if spec.task == "embed":
         normalized = ", normalized" if spec.normalize else ""
         return f"embeddings of {spec.output_dim} dimensions ({spec.pooling} pooling{normalized})"
+    if spec.task == "token_embed":
+        return f"token vectors of {spec.output_dim} dimensions (ColBERT)"
+    if spec.task == "sparse_embed":
+        return f"sparse weights over {spec.output_dim} tokens"
+    if spec.listwise is not None:
+        return "rerank scores, listwise (the documents in one prompt)"
     return "rerank scores"

@@ -247,3 +247,111 @@ def flag_m3_embedder(folder: Path):
     from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
 
     return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True)
+
+
+# a listwise ranker's corpus for its tokenizer: the prompt's own words and the tests' texts
+LISTWISE_CORPUS = (
+    "You are a search relevance expert who can determine a ranking of the passages based on how relevant "
+    "they are to the query. If the query is a question, how relevant a passage is depends on how well it "
+    "answers the question. If not, try to analyze the intent of the query and assess how well each passage "
+    "satisfies the intent. If an instruction is provided, you should follow the instruction when "
+    "determining the ranking. I will provide you with 12 passages, each indicated by a numerical identifier."
+    ' Rank the passages based on their relevance to query: <passage id="0"> </passage> <query> </query> '
+    "<instruct> </instruct> <think> </think> 0 1 2 3 4 5 6 7 8 9 cats eat fish mostly trains run on rails "
+    "what do dogs like? Paris is the capital of France. The weather is cold today, and rain is coming."
+)
+LISTWISE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|embed_token|>", "<|rerank_token|>"]
+TINY_QWEN3 = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+}
+
+
+def byte_level_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE tokenizer (Qwen's kind: spaces and newlines are bytes of the tokens) trained on
+    LISTWISE_CORPUS, with Qwen's special tokens and the listwise markers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=LISTWISE_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([LISTWISE_CORPUS], trainer)
+    return tokenizer
+
+
+def listwise_checkpoint(
+    folder: Path, seed: int = 0, shape=TINY_QWEN3, max_position_embeddings: int = 2048
+) -> Path:
+    """jina-reranker-v3's layout: a Qwen3 model under `model.`, an LM head (unread), and the projector
+    (hidden -> hidden / 2 -> 512, no biases), config architecture JinaForRanking."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3Model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = byte_level_tokenizer()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        architectures=["JinaForRanking"],
+        **shape,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3Model(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            parameter.copy_(1 + noise if name.endswith("norm.weight") else noise)
+            tensors[f"model.{name}"] = parameter.detach().clone()
+    hidden = config.hidden_size
+    tensors["projector.0.weight"] = torch.randn(hidden // 2, hidden, generator=generator) * 0.2
+    tensors["projector.2.weight"] = torch.randn(512, hidden // 2, generator=generator) * 0.2
+    tensors["lm_head.weight"] = torch.randn(config.vocab_size, hidden, generator=generator)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config.save_pretrained(folder)
+    return folder
+
+
+def listwise_reference(folder: Path):
+    """transformers' Qwen3Model and the projector from a listwise checkpoint, fp32 on the CPU:
+    f(prompt ids) -> [markers, 512] unit vectors of the marker tokens, in order."""
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+    from transformers import Qwen3Model
+
+    model = Qwen3Model.from_pretrained(folder, attn_implementation="eager").eval()
+    tensors = load_file(str(folder / "model.safetensors"))
+    hidden = model.config.hidden_size
+    projector = torch.nn.Sequential(
+        torch.nn.Linear(hidden, hidden // 2, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden // 2, 512, bias=False),
+    )
+    projector[0].weight.data.copy_(tensors["projector.0.weight"])
+    projector[2].weight.data.copy_(tensors["projector.2.weight"])
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    markers = [tokenizer.token_to_id(token) for token in ("<|embed_token|>", "<|rerank_token|>")]
+
+    def vectors(ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            states = model(torch.tensor([ids])).last_hidden_state[0]
+            at = torch.tensor([index for index, token in enumerate(ids) if token in markers])
+            return F.normalize(projector(states[at]), dim=-1)
+
+    return tokenizer, vectors

@@ -26,6 +26,9 @@ class PackedBatch:
     # host [num_pools + 1] int32: where each pooled span starts, a partition of the tokens finer than
     # cu_seqlens (late chunking: a sequence's chunks pooled apart); None: a span a sequence
     pool_cu_seqlens: torch.Tensor | None = None
+    # [num_rows] int64: the tokens that give the head's rows, in order (a listwise ranker's markers: a row
+    # each of its documents' and its query's); None: the head's own rule (a row a sequence or a token)
+    row_index: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -45,6 +48,7 @@ class PackedBatch:
             prefix_of=self.prefix_of,
             num_query_only=self.num_query_only,
             pool_cu_seqlens=self.pool_cu_seqlens,
+            row_index=None if self.row_index is None else self.row_index.pin_memory(),
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -57,6 +61,7 @@ class PackedBatch:
             prefix_of=self.prefix_of,  # read on the host, by the attention metadata
             num_query_only=self.num_query_only,  # likewise
             pool_cu_seqlens=self.pool_cu_seqlens,  # likewise
+            row_index=None if self.row_index is None else self.row_index.to(device, non_blocking=True),
         )
 
 
@@ -66,13 +71,15 @@ def pack(
     prefix_of: Sequence[int] | None = None,
     query_only_token: int | None = None,
     spans: Sequence[Sequence[int] | None] | None = None,
+    row_tokens: Sequence[int] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
     (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
     length, and its keys are the prefix's, then its own (AttentionMetadata.build). A sequence's trailing
     run of `query_only_token` attends to the tokens before it but is no key (a ColBERT query's expansion:
     a tokenized text ends with a special token, never with it). `spans[i]` (None: none) are the token
-    offsets inside sequence i where a new pooled span starts (late chunking)."""
+    offsets inside sequence i where a new pooled span starts (late chunking). With `row_tokens`, the tokens
+    of those ids give the rows (`row_index`)."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -112,7 +119,19 @@ def pack(
         prefix_of=prefix_tensor,
         num_query_only=query_only,
         pool_cu_seqlens=pool_cu_seqlens,
+        row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
     )
+
+
+def row_positions(flat_ids: np.ndarray, row_tokens: Sequence[int]) -> torch.Tensor:
+    return torch.from_numpy(np.flatnonzero(np.isin(flat_ids, row_tokens)))
+
+
+def count_row_tokens(ids: Sequence[int], row_tokens: Sequence[int]) -> int:
+    """How many rows a sequence gives where the tokens of `row_tokens` give them (pack's `row_tokens`)."""
+    if isinstance(ids, list):
+        return sum(map(ids.count, row_tokens))
+    return int(np.isin(np.asarray(ids), row_tokens).sum())
 
 
 def span_starts(cu_seqlens: np.ndarray, spans: Sequence[Sequence[int] | None]) -> torch.Tensor | None:

@@ -70,7 +70,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
     # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
     causal = bool(getattr(model.backbone.config, "causal", False))
-    engine.runs_prefixes = backend.reads_key_layout and causal
+    engine.runs_prefixes = backend.reads_key_layout and causal and engine.row_tokens is None
     engine.shares_prefixes = engine.runs_prefixes and config.shared_prefixes
     engine.min_saved_tokens = MIN_SAVED_TOKENS_EAGER if graphs is None else MIN_SAVED_TOKENS_GRAPHS
     if engine.shares_prefixes:

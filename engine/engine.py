@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.batch import check_spans, num_spans, pack
+from engine.batch import check_spans, count_row_tokens, num_spans, pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
@@ -85,6 +85,9 @@ class Engine:
         # run in a sequence is query-only (a ColBERT query's expansion, batch.pack)
         self.token_rows: bool = getattr(runner, "token_rows", False)
         self.query_only_token: int | None = getattr(runner, "query_only_token", None)
+        # the tokens that give rows, a row each, where the head reads chosen tokens (a listwise ranker's
+        # markers); None: a row a sequence or a token
+        self.row_tokens: tuple[int, ...] | None = getattr(runner, "row_tokens", None)
         # pools a sequence's spans apart where asked (late chunking: an embedder that mean-pools)
         self.pools_spans: bool = getattr(runner, "pools_spans", False)
         self._thread: threading.Thread | None = None
@@ -188,7 +191,7 @@ class Engine:
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         if prefix is not None:
-            if not self.runs_prefixes or self.token_rows:
+            if not self.runs_prefixes or self.token_rows or self.row_tokens is not None:
                 raise ValueError("this engine does not run shared prefixes")
             if len(prefix) == 0 or token_type_ids is not None:
                 raise ValueError("a shared prefix has tokens, and its sequences no token types")
@@ -202,6 +205,11 @@ class Engine:
                 raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
             check_spans(spans, lengths)
             request.expect_rows(list(map(num_spans, spans)))
+        elif self.row_tokens is not None:
+            counts = [count_row_tokens(ids, self.row_tokens) for ids in token_ids]
+            if min(counts) == 0:  # a request of no rows would never be answered
+                raise ValueError("every sequence of this model needs a token that gives a row")
+            request.expect_rows(counts)
         elif self.token_rows:
             request.expect_rows(lengths)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
@@ -275,6 +283,7 @@ class Engine:
                 prefix_of if max(prefix_of) >= 0 else None,
                 self.query_only_token,
                 [sequence.spans for sequence in batch] if self.pools_spans else None,
+                self.row_tokens,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -303,7 +312,10 @@ class Engine:
         batch, start = in_flight.batch, 0
         # where each sequence's rows start: a row a sequence, or a row a token (token heads) or a span
         row_starts: Sequence[int] = range(len(batch) + 1)
-        if self.token_rows or in_flight.pooled_spans:
+        if self.row_tokens is not None:
+            counts = (count_row_tokens(seq.token_ids, self.row_tokens) for seq in batch)
+            row_starts = list(itertools.accumulate(counts, initial=0))
+        elif self.token_rows or in_flight.pooled_spans:
             counts = (len(seq.token_ids) if self.token_rows else num_spans(seq.spans) for seq in batch)
             row_starts = list(itertools.accumulate(counts, initial=0))
         while start < len(batch):

@@ -23,7 +23,8 @@ from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import DenseLayout
 from engine.models.heads import Embedder
-from engine.models.registry import MODEL_TYPES, build_model, fallback_entry, lookup, spec_entry
+from engine.models.listwise import LISTWISE_ARCHITECTURES, ListwiseConfig, read_listwise
+from engine.models.registry import FALLBACK, MODEL_TYPES, build_model, fallback_entry, lookup, spec_entry
 from engine.models.sparse import SpladeConfig
 from engine.progress import progress
 from engine.sparse_encoder import M3_FILES, is_m3_folder, is_splade_folder, read_splade
@@ -84,6 +85,7 @@ class ModelSpec:
     splade: SpladeConfig | None = None  # a SPLADE model's pooling
     # bge-m3: its dense vector, lexical weights and ColBERT vectors from one forward (engine/models/bge_m3.py)
     m3: bool = False
+    listwise: ListwiseConfig | None = None  # a listwise ranker's markers (engine/models/listwise.py)
 
 
 def resolve_model(
@@ -183,12 +185,21 @@ def read_spec(
         colbert = read_colbert(name, folder, transformer_dir, modules)
     elif is_splade_folder(module_kinds(modules or [])):
         splade = read_splade(name, folder, modules or [])
-    if colbert is not None and modules is None and hf_config.model_type in MODEL_TYPES:
-        # colbert-ai's HF_ColBERT: its bare model
+    listwise = None
+    if given in LISTWISE_ARCHITECTURES:
+        if not MODEL_TYPES.get(hf_config.model_type, (FALLBACK, ""))[0].decoder:
+            raise UnsupportedModel(f"model {name!r}: posy runs {given} on the decoders it packs")
+        listwise = read_listwise(name, transformer_dir / "tokenizer.json")
+    if (
+        colbert is not None and modules is None or listwise is not None
+    ) and hf_config.model_type in MODEL_TYPES:
+        # colbert-ai's HF_ColBERT, a listwise ranker: its bare model under posy's head
         given, run_bare = MODEL_TYPES[hf_config.model_type][1], True
-    token_head = colbert is not None or splade is not None
+    token_head = colbert is not None or splade is not None or listwise is not None
     if token_head and model_impl == "transformers":
-        raise UnsupportedModel(f"model {name!r}: posy runs ColBERT and SPLADE heads on the families it packs")
+        raise UnsupportedModel(
+            f"model {name!r}: posy runs ColBERT, SPLADE and listwise heads on the families it packs"
+        )
     entry, implementation = None, "transformers"
     if model_impl != "transformers":
         try:
@@ -227,6 +238,8 @@ def read_spec(
         dense = colbert_projection(name, folder, modules, hf_config.hidden_size, colbert)
     elif splade is not None:
         task, normalize = "sparse_embed", False
+    elif listwise is not None:
+        task, normalize = "score", False
     elif modules is not None and task == "embed":
         pooling, normalize, dense = sentence_transformers_pooling(name, folder, modules)
     sizes = [hf_config.hidden_size, *(layer.out_features for layer in dense)]
@@ -251,9 +264,14 @@ def read_spec(
     tokenizer_path = transformer_dir / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise UnsupportedModel(f"model {name!r}: no fast tokenizer (tokenizer.json) in {transformer_dir}")
-    num_labels = hf_config.num_labels if task == "score" else None
+    num_labels = hf_config.num_labels if task == "score" and listwise is None else None
     if logit_score is not None:
         num_labels = 1  # its score: the true token's logit, less the false one's
+    output_dim = num_labels or sizes[-1]
+    if splade is not None:
+        output_dim = hf_config.vocab_size
+    elif listwise is not None:
+        output_dim = listwise.projection_dim
     return ModelSpec(
         path=transformer_dir,
         name=name,
@@ -265,7 +283,7 @@ def read_spec(
         max_seq_length=window,
         vocab_size=hf_config.vocab_size,
         num_labels=num_labels,
-        output_dim=num_labels or (hf_config.vocab_size if splade is not None else sizes[-1]),
+        output_dim=output_dim,
         tokenizer_path=tokenizer_path,
         prompts=dict(prompts_config.get("prompts") or {}),
         default_prompt_name=prompts_config.get("default_prompt_name") or None,
@@ -280,6 +298,7 @@ def read_spec(
         splade=splade,
         # its dense vector is the [CLS] state, as its sentence-transformers Pooling says
         m3=task == "embed" and implementation == "posy" and pooling == "cls" and is_m3_folder(folder),
+        listwise=listwise,
     )
 
 

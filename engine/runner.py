@@ -18,6 +18,7 @@ class ModelRunner:
         self.token_rows = bool(getattr(model, "token_rows", False))
         self.query_only_token: int | None = getattr(model, "query_only_token", None)
         self.pools_spans = bool(getattr(model, "pools_spans", False))
+        self.row_tokens: tuple[int, ...] | None = getattr(model, "row_tokens", None)  # see Engine.row_tokens
         self.device = device
         self.graphs = graphs
         self.host_buffers = HostBuffers()

@@ -27,6 +27,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
+from scoring.listwise import listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
 # lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
@@ -85,6 +86,9 @@ async def score_texts(
     model: ServedModel, query: str, texts: list[str], options: RerankOptions, guard: RequestGuard
 ) -> np.ndarray:
     """The documents' scores; the model's engine is reached through the request's guard."""
+    if model.listwise is not None:
+        listwise = dataclasses.replace(model.listwise, engine=guard)
+        return await listwise_scores(listwise, query, texts, options)
     encoder = model.encoder
     rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)

@@ -18,6 +18,7 @@ from engine.models.decoder import DecoderBackbone
 from engine.models.fallback import TransformersBackbone
 from engine.models.heads import Classifier, Embedder, Judge, judge_token_ids
 from engine.models.late_interaction import TokenEmbedder
+from engine.models.listwise import ListwiseRanker
 from engine.models.modernbert import ModernBertBackbone
 from engine.models.sparse import SpladeEncoder
 
@@ -181,6 +182,8 @@ def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Modu
         return SpladeEncoder(backbone, spec.vocab_size, spec.splade, tied)
     if spec.m3:
         return M3Embedder(backbone)
+    if spec.listwise is not None:
+        return ListwiseRanker(backbone, spec.listwise)
     if entry.head == "embed":
         return Embedder(backbone, Pooler(spec.pooling, spec.normalize), spec.dense)
     if entry.head == "classify":

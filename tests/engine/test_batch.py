@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import pack
+from engine.batch import count_row_tokens, pack
 
 SEQUENCES = [[101, 7, 8, 102], [101, 9, 102], [101, 4, 5, 6, 3, 102]]
 
@@ -33,3 +33,12 @@ def test_views_of_one_int32_array_pack_as_the_same_lists_do():
 def test_an_empty_sequence_is_refused():
     with pytest.raises(ValueError):
         pack([[101, 102], []])
+
+
+def test_row_tokens_name_the_rows_in_order_and_count_per_sequence():
+    sequences = [[5, 9, 1, 9, 7], [9], [3, 7, 4]]
+    batch = pack(sequences, row_tokens=(9, 7))
+    assert batch.row_index.tolist() == [1, 3, 4, 5, 7]
+    assert [count_row_tokens(ids, (9, 7)) for ids in sequences] == [3, 1, 1]
+    assert count_row_tokens(np.array([9, 9, 2]), (9, 7)) == 2
+    assert pack(sequences).row_index is None

@@ -2,7 +2,8 @@
 parity with colbert-ai, SparseEncoder and FlagEmbedding tests/engine/test_colbert_parity.py and
 test_sparse_parity.py show): ColBERT query and document vectors (the queries' expansion tokens, which are
 no keys, run eagerly; documents through CUDA graphs, captured and replayed), SPLADE weights, bge-m3's three
-outputs, with every attention backend that runs here; cosine >= 0.999 a vector, weights within 2e-2 of
+outputs, a listwise ranker's marker vectors (eager: its rows are chosen tokens), with every attention
+backend that runs here; cosine >= 0.999 a vector, weights within 2e-2 of
 the largest."""
 
 import asyncio
@@ -13,7 +14,10 @@ import torch
 
 from benchmarks.token_checkpoints import (
     TINY_HEAD_DIM_64,
+    TINY_QWEN3,
+    byte_level_tokenizer,
     colbert_checkpoints,
+    listwise_checkpoint,
     m3_checkpoint,
     splade_checkpoint,
 )
@@ -62,6 +66,7 @@ def folders(minilm_path, tmp_path_factory):
         "colbert": colbert_checkpoints(minilm_path, root / "colbert", shape=shape)[1],
         "splade": splade_checkpoint(minilm_path, root / "splade", shape=shape),
         "m3": m3_checkpoint(minilm_path, root / "m3", shape=shape),
+        "listwise": listwise_checkpoint(root / "listwise", shape={**TINY_QWEN3, "head_dim": 64}),
     }
 
 
@@ -110,3 +115,28 @@ def test_bge_m3_on_cuda_through_graphs_gives_the_cpu_outputs(folders):
     for rows in results[0]:
         assert cosines(rows[:, :-1], expected[:, :-1]).min() >= COSINE_TOLERANCE
         assert np.abs(rows[:, -1] - expected[:, -1]).max() <= WEIGHT_TOLERANCE * expected[:, -1].max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_listwise_ranker_on_cuda_gives_the_cpu_marker_vectors(folders, backend):
+    spec = resolve_model(str(folders["listwise"]))
+    tokenizer = byte_level_tokenizer()
+    text = "<|im_start|>user\n" + "".join(f"passage {n} cats eat fish<|embed_token|>\n" * n for n in (1, 3))
+    prompts = [
+        tokenizer.encode(text + "query<|rerank_token|>" * 1).ids,
+        tokenizer.encode("a<|embed_token|>b<|rerank_token|>").ids,
+    ]
+    markers = spec.listwise.document_token_id, spec.listwise.query_token_id
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    with torch.inference_mode():
+        expected = model(pack(prompts, row_tokens=markers)).numpy()
+    try:
+        attention = select_backend(
+            backend, "cuda", num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16
+        )
+    except AttentionBackendUnavailable as error:
+        pytest.skip(str(error))
+    model = load_model(spec, "cuda", torch.bfloat16, attention)
+    with torch.inference_mode():
+        got = model(pack(prompts, row_tokens=markers).to("cuda")).float().cpu().numpy()
+    assert len(expected) == 7 and cosines(got, expected).min() >= COSINE_TOLERANCE

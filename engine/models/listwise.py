@@ -1,0 +1,86 @@
+"""ListwiseRanker: a causal LM that reads a query and many documents in one prompt (jina-reranker-v3's
+JinaForRanking) and gives a unit vector at each marker token: one after each document and one after the
+query; a document's score is the cosine of its vector and the query's (scoring/listwise.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata
+from engine.batch import PackedBatch
+from engine.errors import UnsupportedModel
+from engine.layers.pooling import ROW_POOLINGS
+from engine.models.backbone import Backbone
+from engine.models.heads import Head
+
+if TYPE_CHECKING:
+    from engine.loader import WeightTargets
+
+# the architectures of listwise rankers, as their configs name them
+LISTWISE_ARCHITECTURES = ("JinaForRanking",)
+DOCUMENT_MARKER = "<|embed_token|>"
+QUERY_MARKER = "<|rerank_token|>"
+PROJECTION_DIM = 512  # JinaForRanking's projector output (its modeling code fixes it)
+
+
+@dataclass(frozen=True, slots=True)
+class ListwiseConfig:
+    document_token_id: int  # the token that ends each document's text
+    query_token_id: int  # the one that ends the query's
+    document_marker: str = DOCUMENT_MARKER  # their strings, as the prompt holds them
+    query_marker: str = QUERY_MARKER
+    projection_dim: int = PROJECTION_DIM
+
+
+def read_listwise(name: str, tokenizer_path: Path) -> ListwiseConfig:
+    """The markers' token ids, each one token of the model's tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    ids = [tokenizer.token_to_id(marker) for marker in (DOCUMENT_MARKER, QUERY_MARKER)]
+    if None in ids:
+        raise UnsupportedModel(
+            f"model {name!r}: a listwise ranker's tokenizer needs the tokens {DOCUMENT_MARKER} and "
+            f"{QUERY_MARKER}"
+        )
+    return ListwiseConfig(*ids)
+
+
+class ListwiseRanker(Head):
+    """The final hidden state of each marker token (the batch's row_index, which the engine builds from
+    `row_tokens`; without one, each sequence's last token), through the projector (Linear, ReLU, Linear; no biases), L2-normalized, float32. Only
+    those rows run past the last attention."""
+
+    def __init__(self, backbone: Backbone, config: ListwiseConfig):
+        super().__init__(backbone)
+        self.row_tokens = (config.document_token_id, config.query_token_id)
+        hidden_size = backbone.hidden_size
+        self.projector = nn.Sequential(
+            nn.Linear(hidden_size, hidden_size // 2, bias=False),
+            nn.ReLU(),
+            nn.Linear(hidden_size // 2, config.projection_dim, bias=False),
+        )
+        self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
+        # PackedBatch with row_index of n markers -> [n, projection_dim] float32 unit rows
+        if meta is None:
+            meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+        # a batch packed without markers (warm-up, the rate's seed batch): each sequence's last token
+        rows = (
+            batch.row_index if batch.row_index is not None else ROW_POOLINGS["last"](meta, batch.num_tokens)
+        )
+        hidden = self.backbone.finish(self.backbone.encode(batch, meta, rows))
+        return F.normalize(self.projector(hidden).float(), p=2.0, dim=-1)
+
+    def weight_map(self) -> WeightTargets:
+        targets = super().weight_map()
+        for index in (0, 2):
+            targets[f"projector.{index}.weight"] = (f"projector.{index}.weight", None)
+        return targets
