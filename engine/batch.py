@@ -29,6 +29,9 @@ class PackedBatch:
     # [num_rows] int64: the tokens that give the head's rows, in order (a listwise ranker's markers: a row
     # each of its documents' and its query's); None: the head's own rule (a row a sequence or a token)
     row_index: torch.Tensor | None = None
+    # host [num_seqs] int64: the sequence of this batch each one is scored against (a ColBERT query, by
+    # MaxSim), -1 for none; None: no sequence is (pack's `prefix_of` with `prefixes_scored`)
+    scored_against: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +52,7 @@ class PackedBatch:
             num_query_only=self.num_query_only,
             pool_cu_seqlens=self.pool_cu_seqlens,
             row_index=None if self.row_index is None else self.row_index.pin_memory(),
+            scored_against=self.scored_against,
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -62,6 +66,7 @@ class PackedBatch:
             num_query_only=self.num_query_only,  # likewise
             pool_cu_seqlens=self.pool_cu_seqlens,  # likewise
             row_index=None if self.row_index is None else self.row_index.to(device, non_blocking=True),
+            scored_against=self.scored_against,  # read on the host
         )
 
 
@@ -72,6 +77,7 @@ def pack(
     query_only_token: int | None = None,
     spans: Sequence[Sequence[int] | None] | None = None,
     row_tokens: Sequence[int] | None = None,
+    prefixes_scored: bool = False,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
     (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
@@ -79,7 +85,8 @@ def pack(
     run of `query_only_token` attends to the tokens before it but is no key (a ColBERT query's expansion:
     a tokenized text ends with a special token, never with it). `spans[i]` (None: none) are the token
     offsets inside sequence i where a new pooled span starts (late chunking). With `row_tokens`, the tokens
-    of those ids give the rows (`row_index`)."""
+    of those ids give the rows (`row_index`). With `prefixes_scored`, a sequence's prefix is not a text it
+    continues but the query it is scored against (`scored_against`): each runs as a sequence of its own."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -99,6 +106,9 @@ def pack(
         check_prefixes(prefixes, len(lengths))
     if prefixes is not None and (prefixes < 0).all():
         prefixes = None
+    scored_against = None
+    if prefixes is not None and prefixes_scored:
+        scored_against, prefixes = torch.from_numpy(prefixes), None
     if prefixes is not None:
         offsets = np.where(prefixes >= 0, np.asarray(lengths)[np.maximum(prefixes, 0)], 0)
         positions += np.repeat(offsets, lengths)
@@ -120,6 +130,7 @@ def pack(
         num_query_only=query_only,
         pool_cu_seqlens=pool_cu_seqlens,
         row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
+        scored_against=scored_against,
     )
 
 

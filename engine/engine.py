@@ -19,7 +19,13 @@ from engine.batch import check_spans, count_row_tokens, num_spans, pack
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
-from engine.prefixes import MIN_SAVED_TOKENS_EAGER, describe_rule, prefix_pays, tokens_to_run
+from engine.prefixes import (
+    MIN_SAVED_TOKENS_EAGER,
+    SCORED_BY_MAX_SIM,
+    describe_rule,
+    prefix_pays,
+    tokens_to_run,
+)
 from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
@@ -88,6 +94,9 @@ class Engine:
         # the tokens that give rows, a row each, where the head reads chosen tokens (a listwise ranker's
         # markers); None: a row a sequence or a token
         self.row_tokens: tuple[int, ...] | None = getattr(runner, "row_tokens", None)
+        # a token head that scores sequences against a query by MaxSim on the device: a request's prefix
+        # is that query (run once a batch, on its own), and each sequence gives one row, its score
+        self.scores_prefixes: bool = getattr(runner, "scores_prefixes", False)
         # pools a sequence's spans apart where asked (late chunking: an embedder that mean-pools)
         self.pools_spans: bool = getattr(runner, "pools_spans", False)
         self._thread: threading.Thread | None = None
@@ -106,12 +115,15 @@ class Engine:
     def describe(self) -> dict[str, str]:
         """How the model runs, for logs and metrics."""
         graphs = self.config.cuda_graphs if self.runner.graphs is not None else "off"
-        return {
+        described = {
             "attention_backend": self.attention_backend,
             "cuda_graphs": graphs,
             "replicas": "1",
             "shared_prefixes": describe_rule(self.min_saved_tokens if self.shares_prefixes else None),
         }
+        if self.scores_prefixes:
+            described["prefixes"] = SCORED_BY_MAX_SIM
+        return described
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="posy-engine", daemon=True)
@@ -191,7 +203,10 @@ class Engine:
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         if prefix is not None:
-            if not self.runs_prefixes or self.token_rows or self.row_tokens is not None:
+            runs = self.scores_prefixes or (
+                self.runs_prefixes and not self.token_rows and self.row_tokens is None
+            )
+            if not runs:
                 raise ValueError("this engine does not run shared prefixes")
             if len(prefix) == 0 or token_type_ids is not None:
                 raise ValueError("a shared prefix has tokens, and its sequences no token types")
@@ -210,7 +225,7 @@ class Engine:
             if min(counts) == 0:  # a request of no rows would never be answered
                 raise ValueError("every sequence of this model needs a token that gives a row")
             request.expect_rows(counts)
-        elif self.token_rows:
+        elif self.token_rows and prefix is None:  # with a prefix scored against: a row a sequence
             request.expect_rows(lengths)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
@@ -284,6 +299,7 @@ class Engine:
                 self.query_only_token,
                 [sequence.spans for sequence in batch] if self.pools_spans else None,
                 self.row_tokens,
+                self.scores_prefixes,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -315,9 +331,14 @@ class Engine:
         if self.row_tokens is not None:
             counts = (count_row_tokens(seq.token_ids, self.row_tokens) for seq in batch)
             row_starts = list(itertools.accumulate(counts, initial=0))
-        elif self.token_rows or in_flight.pooled_spans:
-            counts = (len(seq.token_ids) if self.token_rows else num_spans(seq.spans) for seq in batch)
+        elif self.token_rows:  # a row a token, or a score a sequence against its query, which gives none
+            counts = (
+                (0 if seq.is_prefix else 1) if seq.is_prefix or seq.prefix_at >= 0 else len(seq.token_ids)
+                for seq in batch
+            )
             row_starts = list(itertools.accumulate(counts, initial=0))
+        elif in_flight.pooled_spans:
+            row_starts = list(itertools.accumulate((num_spans(seq.spans) for seq in batch), initial=0))
         while start < len(batch):
             if batch[start].is_prefix:
                 start += 1

@@ -25,6 +25,8 @@ MIN_SAVED_TOKENS_GRAPHS = 400
 # same shape, 2 passages of 150 after a 20-token prefix (20 tokens saved) ran 1.03x faster shared, 5 x 150
 # after 120 1.40x, and 6 other cases between.
 MIN_SAVED_TOKENS_EAGER = 1
+# what an engine's description says of its prefixes where a token head scores sequences against them
+SCORED_BY_MAX_SIM = "scored by MaxSim"
 
 
 def describe_rule(min_saved_tokens: int | None) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.batch import check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
-from engine.prefixes import prefix_pays, read_rule, split_by_tokens, tokens_to_run
+from engine.prefixes import SCORED_BY_MAX_SIM, prefix_pays, read_rule, split_by_tokens, tokens_to_run
 from engine.replica_link import ReplicaLink
 from engine.replica_protocol import Cancel, Failure, Result
 from engine.request import EngineOutput
@@ -133,7 +133,9 @@ class ReplicaPool:
         if spans is not None:
             check_spans(spans, lengths)
         prefix_length = 0 if prefix is None else len(prefix)
-        if prefix is not None and read_rule(self.description.get("shared_prefixes")) is None:
+        runs_prefixes = read_rule(self.description.get("shared_prefixes")) is not None
+        scores_prefixes = self.description.get("prefixes") == SCORED_BY_MAX_SIM
+        if prefix is not None and not runs_prefixes and not scores_prefixes:
             raise ValueError("the engine replicas do not run shared prefixes")
         if max(lengths) + prefix_length > self.max_sequence_tokens:
             raise SequenceTooLong(

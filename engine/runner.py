@@ -19,6 +19,7 @@ class ModelRunner:
         self.query_only_token: int | None = getattr(model, "query_only_token", None)
         self.pools_spans = bool(getattr(model, "pools_spans", False))
         self.row_tokens: tuple[int, ...] | None = getattr(model, "row_tokens", None)  # see Engine.row_tokens
+        self.scores_prefixes = hasattr(model, "max_sim")  # see Engine.scores_prefixes
         self.device = device
         self.graphs = graphs
         self.host_buffers = HostBuffers()
@@ -37,6 +38,8 @@ class ModelRunner:
             if self.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copies below do not block the host
             output = self.model(batch.to(self.device), meta)
+        if batch.scored_against is not None:  # after the graph: scores of sequences against their query
+            output = self.model.max_sim(batch, output)
         # copied on the compute stream: a later replay, which may overwrite the graph pool's outputs,
         # runs after the copy
         return LazyTensor(output.float(), self.host_buffers)

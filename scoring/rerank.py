@@ -11,7 +11,7 @@ import numpy as np
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
-from scoring.late_interaction import LateInteraction, max_sim, split_rows
+from scoring.late_interaction import LateInteraction
 from scoring.templates import JudgePrompt, PairTemplate, SingleTemplate, TextPrompts
 
 MAX_CHUNKS_PER_REQUEST = 10_000
@@ -101,10 +101,11 @@ async def rerank_scores(
         logits = await model.engine.run([ids for ids, _ in pairs], types)
         chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
     elif late is not None:
-        sequences = [late.query_ids(query_ids), *map(late.document_ids, chunks)]
-        rows = split_rows(await model.engine.run(sequences), list(map(len, sequences)))
-        documents = [late.kept(ids, vectors, is_query=False) for ids, vectors in zip(sequences[1:], rows[1:])]
-        chunk_scores = max_sim_to_scores(max_sim(rows[0], documents), len(rows[0]), raw=options.raw_scores)
+        # the query runs once a batch, on its own; each chunk's row is its MaxSim against it, computed on
+        # the device (TokenEmbedder.max_sim)
+        query = late.query_ids(query_ids)
+        rows = await model.engine.run([late.document_ids(chunk) for chunk in chunks], prefix=query)
+        chunk_scores = max_sim_to_scores(rows[:, 0], len(query), raw=options.raw_scores)
     else:
         sequences = [model.single.apply(query_ids), *(model.single.apply(chunk) for chunk in chunks)]
         vectors = await model.engine.run(sequences)

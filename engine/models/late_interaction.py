@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,11 +35,13 @@ class TokenEmbedder(Head):
         dense: Sequence[DenseLayout],
         query_only_token: int | None = None,
         linear_name: str | None = None,
+        skiplist_ids: Sequence[int] = (),
     ):
         super().__init__(backbone)
         self.dense = nn.ModuleList(Dense(layout) for layout in dense)
         self.query_only_token = query_only_token
         self.linear_name = linear_name
+        self.skiplist_ids = np.array(sorted(skiplist_ids), dtype=np.int64)
         self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
@@ -51,6 +54,43 @@ class TokenEmbedder(Head):
         for layer in self.dense:
             rows = layer(rows)
         return F.normalize(rows.float(), p=2.0, dim=-1)
+
+    def max_sim(self, batch: PackedBatch, rows: torch.Tensor) -> torch.Tensor:
+        """The rows of a batch whose sequences may be scored against a query in it (batch.scored_against,
+        host) from forward's token rows (on the device, graph padding after them): a scored sequence gives
+        one row, its MaxSim in column 0 (the sum over the query's vectors of their best dot product with
+        the sequence's vectors but those of skiplist tokens; 0 where none is left); a query gives none;
+        any other sequence its token rows. The host does index arithmetic only; the device, the rest."""
+        against = batch.scored_against.numpy()
+        lengths = np.diff(batch.cu_seqlens.numpy()).astype(np.int64)
+        starts = batch.cu_seqlens.numpy()[:-1].astype(np.int64)
+        scored = np.flatnonzero(against >= 0)
+        kept = ~np.isin(batch.input_ids.numpy(), self.skiplist_ids)
+        scores = torch.zeros(len(scored), device=rows.device)
+        for query in np.unique(against[scored]):
+            members = np.flatnonzero(against[scored] == query)  # positions among the scored
+            tokens = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in scored[members]])
+            owner = np.repeat(np.arange(len(members)), lengths[scored[members]])
+            tokens, owner = tokens[kept[tokens]], owner[kept[tokens]]
+            queries = rows[starts[query] : starts[query] + lengths[query]]
+            similarity = rows[torch.from_numpy(tokens).to(rows.device)] @ queries.T  # [tokens, query tokens]
+            index = torch.from_numpy(owner).to(rows.device)[:, None].expand_as(similarity)
+            best = similarity.new_zeros(len(members), len(queries))
+            best.scatter_reduce_(0, index, similarity, "amax", include_self=False)  # 0 for a doc without one
+            scores[torch.from_numpy(members).to(rows.device)] = best.sum(dim=1)
+        # the output: token rows, then score rows, gathered in the sequences' order
+        num_tokens = int(starts[-1] + lengths[-1])
+        score_rows = F.pad(scores[:, None], (0, rows.shape[1] - 1))
+        queries = np.zeros(len(lengths), dtype=bool)
+        queries[against[scored]] = True
+        order = []
+        for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            if against[i] >= 0:
+                order.append(np.array([num_tokens + np.searchsorted(scored, i)]))
+            elif not queries[i]:
+                order.append(np.arange(start, start + length))
+        gather = torch.from_numpy(np.concatenate(order)).to(rows.device)
+        return torch.cat([rows[:num_tokens], score_rows]).index_select(0, gather)
 
     def weight_map(self) -> WeightTargets:
         return {**super().weight_map(), **dense_targets(self.dense, self.linear_name)}

@@ -54,8 +54,8 @@ def read_listwise(name: str, tokenizer_path: Path) -> ListwiseConfig:
 
 class ListwiseRanker(Head):
     """The final hidden state of each marker token (the batch's row_index, which the engine builds from
-    `row_tokens`; without one, each sequence's last token), through the projector (Linear, ReLU, Linear; no biases), L2-normalized, float32. Only
-    those rows run past the last attention."""
+    `row_tokens`; without one, each sequence's last token), through the projector (Linear, ReLU, Linear;
+    no biases), L2-normalized, float32. Only those rows run past the last attention."""
 
     def __init__(self, backbone: Backbone, config: ListwiseConfig):
         super().__init__(backbone)

@@ -177,7 +177,10 @@ def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Modu
     tied = bool(getattr(spec.hf_config, "tie_word_embeddings", True))
     if spec.colbert is not None:
         linear_name = "linear.weight" if spec.colbert.linear_dim is not None else None
-        return TokenEmbedder(backbone, spec.dense, spec.colbert.query_only_token(), linear_name)
+        colbert = spec.colbert
+        return TokenEmbedder(
+            backbone, spec.dense, colbert.query_only_token(), linear_name, colbert.skiplist_ids
+        )
     if spec.splade is not None:
         return SpladeEncoder(backbone, spec.vocab_size, spec.splade, tied)
     if spec.m3:

@@ -20,10 +20,11 @@ from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.loader import load_model, resolve_model
-from scoring.late_interaction import LateInteraction, split_rows
+from scoring.late_interaction import LateInteraction, max_sim, split_rows
 from scoring.templates import SingleTemplate
 
 TOLERANCE = 1e-5
+MAX_SIM_TOLERANCE = 1e-4  # a sum of up to 12 dot products, each within 1e-5
 QUERIES = ["what do cats eat?", "a", "one two three four five six seven eight nine ten eleven twelve"]
 DOCUMENTS = ["Cats eat fish, mostly.", "trains!", "word, " * 30, "Ünïcödé façade; 東京 🙂"]
 
@@ -129,9 +130,40 @@ def test_the_engine_hands_each_request_its_token_rows_across_batches(folders, re
             np.testing.assert_allclose(got, want, atol=TOLERANCE)
 
 
+def test_the_engine_scores_documents_against_a_query_by_max_sim_across_batches(folders, reference):
+    """A request's prefix is its query: each document's row is its MaxSim against the query's vectors
+    (colbert-ai's), punctuation left out, computed by the engine in batches of
+    40 tokens that each run the query, beside requests for token rows and for another query's scores."""
+    spec = resolve_model(str(folders[1]))
+    engine = build_engine(spec, EngineConfig(max_batch_tokens=40, max_queue_tokens=10**5, dtype="float32"))
+    late, queries, documents = token_ids(spec)
+    punctuation = late.document_ids(layout_of(spec)[1].encode("?!", add_special_tokens=False).ids)
+    documents = [*documents, punctuation]
+
+    async def run_all():
+        return await asyncio.gather(
+            engine.run(documents, prefix=queries[0]),
+            engine.run(documents),
+            engine.run(documents[::-1], prefix=queries[2]),
+        )
+
+    try:
+        first, token_rows, third = asyncio.run(run_all())
+    finally:
+        engine.stop()
+    assert first.shape == (len(documents), 16) and not first[:, 1:].any()
+    # the punctuation-only document keeps its [CLS], [D] and [SEP] vectors, as colbert-ai does
+    parts = split_rows(token_rows, [len(ids) for ids in documents])
+    kept = [*reference[1], late.kept(punctuation, parts[-1], is_query=False)]
+    assert len(kept[-1]) == 3
+    np.testing.assert_allclose(first[:, 0], max_sim(reference[0][0], kept), atol=MAX_SIM_TOLERANCE)
+    np.testing.assert_allclose(third[:, 0], max_sim(reference[0][2], kept[::-1]), atol=MAX_SIM_TOLERANCE)
+
+
 def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
     """Two replica processes, a request cut into chunks of at most 48 tokens: the rows come back by
-    token, in order, as the in-process engine gives them (queries with their query-only expansion too)."""
+    token, in order, as the in-process engine gives them (queries with their query-only expansion too);
+    and MaxSim scores against a query that each chunk carries."""
     from engine.replicas import ReplicaSet
 
     spec = resolve_model(str(folders[1]))
@@ -143,12 +175,16 @@ def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
     replica_set.start()
 
     async def both():
-        return await engine.run(sequences), await replica_set.pool.run(sequences)
+        token_rows = await engine.run(sequences), await replica_set.pool.run(sequences)
+        scores = await engine.run(documents * 8, prefix=queries[0])
+        return token_rows, (scores, await replica_set.pool.run(documents * 8, prefix=queries[0]))
 
     try:
-        in_process, replicated = asyncio.run(asyncio.wait_for(both(), 120))
+        (in_process, replicated), (scores, replicated_scores) = asyncio.run(asyncio.wait_for(both(), 120))
     finally:
         engine.stop()
         replica_set.stop()
     assert replicated.shape == in_process.shape == (sum(map(len, sequences)), 16)
     np.testing.assert_allclose(replicated, in_process, atol=TOLERANCE)
+    assert replicated_scores.shape == scores.shape == (len(documents) * 8, 16)  # MaxSim scores, a row each
+    np.testing.assert_allclose(replicated_scores, scores, atol=TOLERANCE)

@@ -27,6 +27,7 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
 from engine.loader import load_model, resolve_model
+from scoring.late_interaction import max_sim
 from tests.engine.graph_runs import run_three_times
 from tests.engine.test_colbert_parity import token_ids
 
@@ -93,9 +94,16 @@ def test_colbert_documents_through_cuda_graphs(folders):
     engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
     try:
         rows = asyncio.run(engine.run(queries))  # expansion tokens: eager, with the query-only key layout
+        scores = asyncio.run(engine.run(documents, prefix=queries[0]))  # MaxSim on the device
     finally:
         engine.stop()
-    assert cosines(rows, cpu_rows(spec, queries, engine.query_only_token)).min() >= COSINE_TOLERANCE
+    query_rows = cpu_rows(spec, queries, engine.query_only_token)
+    assert cosines(rows, query_rows).min() >= COSINE_TOLERANCE
+    late, _, _ = token_ids(spec)
+    parts = np.split(expected, np.cumsum([len(ids) for ids in documents])[:-1])
+    kept = [late.kept(ids, part, is_query=False) for ids, part in zip(documents, parts)]
+    expected_scores = max_sim(query_rows[: len(queries[0])], kept)
+    np.testing.assert_allclose(scores[:, 0], expected_scores, rtol=1e-2)
 
 
 def test_splade_on_cuda_through_graphs_gives_the_cpu_weights(folders):
