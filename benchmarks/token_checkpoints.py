@@ -327,8 +327,8 @@ def listwise_checkpoint(
 
 
 def listwise_reference(folder: Path):
-    """transformers' Qwen3Model and the projector from a listwise checkpoint, fp32 on the CPU:
-    f(prompt ids) -> [markers, 512] unit vectors of the marker tokens, in order."""
+    """transformers' Qwen3Model and the projector from a listwise checkpoint: (its tokenizer,
+    f(prompt ids, device, dtype) -> [markers, 512] unit vectors of the marker tokens, in order)."""
     import torch.nn.functional as F
     from safetensors.torch import load_file
     from transformers import Qwen3Model
@@ -348,10 +348,12 @@ def listwise_reference(folder: Path):
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     markers = [tokenizer.token_to_id(token) for token in ("<|embed_token|>", "<|rerank_token|>")]
 
-    def vectors(ids: list[int]) -> torch.Tensor:
+    def vectors(ids: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        model.to(device=device, dtype=dtype)
+        projector.to(device=device, dtype=dtype)
         with torch.inference_mode():
-            states = model(torch.tensor([ids])).last_hidden_state[0]
-            at = torch.tensor([index for index, token in enumerate(ids) if token in markers])
+            states = model(torch.tensor([ids], device=device)).last_hidden_state[0]
+            at = torch.tensor([index for index, token in enumerate(ids) if token in markers], device=device)
             return F.normalize(projector(states[at]), dim=-1)
 
     return tokenizer, vectors

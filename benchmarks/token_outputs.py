@@ -1,11 +1,16 @@
 """The tokens suite (CUDA): the token-level heads against their reference packages on real-size random
-weights, bf16 on both sides, in the same run: ColBERT (BERT-base, a 128-wide projection, 180-token
-documents) against colbert-ai's Checkpoint.doc, SPLADE (BERT-base's masked-LM head) against
-sentence-transformers' SparseEncoder, bge-m3 (XLM-RoBERTa-large, dense + lexical + ColBERT from one forward)
-against FlagEmbedding's M3 model. Token ids in, outputs on the host out, each reference in padded batches
-of 32 as its encode() runs them: real tokens per second on each side, and posy's parity against the
-reference in fp32 (min cosine of the token vectors; SPLADE: the largest weight error over the largest
-weight). `--smoke` runs tiny shapes on the CPU."""
+weights, bf16 on both sides, in the same run:
+- ColBERT (BERT-base, a 128-wide projection, 180-token documents) against colbert-ai's Checkpoint.doc;
+- its rerank (MaxSim of 100 documents against a query, on the device) against colbert-ai's vectors scored
+  with torch;
+- SPLADE (BERT-base's masked-LM head) against sentence-transformers' SparseEncoder;
+- bge-m3 (XLM-RoBERTa-large, dense + lexical + ColBERT from one forward) against FlagEmbedding's M3 model;
+- a listwise ranker (jina-reranker-v3's shape: Qwen3-0.6B, prompts of 20 documents) against transformers'
+  Qwen3Model with the projector, a prompt at a time.
+Token ids in, outputs on the host out, each reference in padded batches of 32 as its encode() runs them:
+real tokens per second on each side, and posy's parity against the reference in fp32 (min cosine of the
+vectors; SPLADE: the largest weight error over the largest weight; MaxSim: the largest relative error).
+`--smoke` runs tiny shapes on the CPU."""
 
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ NUM_TEXTS, SMOKE_TEXTS = 100, 8
 REFERENCE_BATCH = 32  # colbert-ai's, SparseEncoder's and FlagEmbedding's encode() batch size
 MIN_COSINE = 0.999
 MAX_WEIGHT_ERROR = 2e-2  # SPLADE, of the largest weight
+MAX_SCORE_ERROR = 1e-2  # ColBERT's MaxSim, relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,12 @@ class Case:
     name: str
     lengths: Callable[[int, bool], list[int]]  # (number of texts, smoke) -> token counts with specials
     build: Callable[..., tuple[Path, Callable]]  # (folder, smoke) -> (posy's folder, reference(ids, dtype))
+    # how posy's rows compare with the reference's: "cosine" of vectors, "weights" (SPLADE), "scores"
+    parity: str = "cosine"
+    # a query the texts are scored against (the engine's prefix; ColBERT's MaxSim): smoke -> its ids
+    query: Callable[[bool], list[int]] | None = None
+    # texts made of the served model's own prompts instead of random ids: (folder, count, smoke) -> ids
+    texts: Callable[[Path, int, bool], list[list[int]]] | None = None
 
 
 def colbert_lengths(count: int, smoke: bool) -> list[int]:
@@ -136,10 +148,86 @@ def build_m3(folder: Path, smoke: bool):
     return folder, reference
 
 
+def colbert_query(smoke: bool) -> list[int]:
+    """A query expanded to its length with [MASK] (103), no keys past its text."""
+    length = 12 if smoke else 32
+    return [101, 1, *range(2000, 2010), 102] + [103] * (length - 13)
+
+
+def build_colbert_rerank(folder: Path, smoke: bool):
+    """MaxSim of each document against colbert_query: colbert-ai's query and document vectors (its
+    skiplist's masked out), scored with torch on the device."""
+    from benchmarks.token_checkpoints import colbert_ai_checkpoint
+
+    served, _ = build_colbert(folder, smoke)
+    checkpoint = colbert_ai_checkpoint(served)
+
+    def reference(sequences, device, dtype):
+        import torch
+
+        checkpoint.to(device=device, dtype=dtype)
+        checkpoint.use_gpu = device == "cuda"
+        with torch.inference_mode():
+            query = checkpoint.query(*padded([colbert_query(smoke)], device))[0]  # [query length, dim]
+            scores = []
+            for start in range(0, len(sequences), REFERENCE_BATCH):
+                batch = sequences[start : start + REFERENCE_BATCH]
+                documents, mask = checkpoint.doc(*padded(batch, device), keep_dims="return_mask")
+                similarity = documents @ query.T  # [docs, tokens, query tokens]
+                similarity = similarity.masked_fill(~mask.bool().view(*mask.shape[:2], 1), -1e4)
+                scores.append(similarity.max(dim=1).values.sum(dim=1).float().cpu().numpy())
+        return np.concatenate(scores)
+
+    return served, reference
+
+
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+}
+
+
+def build_listwise(folder: Path, smoke: bool):
+    from benchmarks.token_checkpoints import TINY_QWEN3, listwise_checkpoint, listwise_reference
+
+    served = listwise_checkpoint(
+        folder, shape=TINY_QWEN3 if smoke else QWEN3_0_6B, max_position_embeddings=8192
+    )
+    _, vectors = listwise_reference(served)
+
+    def reference(sequences, device, dtype):
+        return np.concatenate([vectors(ids, device, dtype).float().cpu().numpy() for ids in sequences])
+
+    return served, reference
+
+
+def listwise_prompts(folder: Path, count: int, smoke: bool) -> list[list[int]]:
+    """`count` // 10 prompts (at least 2) of 20 documents of 4 to 40 words (smoke: 3 documents)."""
+    from tokenizers import Tokenizer
+
+    from benchmarks.token_checkpoints import LISTWISE_CORPUS
+    from scoring.listwise import ListwisePrompt
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    words = LISTWISE_CORPUS.split()
+    rng = np.random.default_rng(4)
+    prompts = []
+    for _ in range(max(2, count // 10 // (5 if smoke else 1))):
+        documents = [" ".join(rng.choice(words, rng.integers(4, 40))) for _ in range(3 if smoke else 20)]
+        prompts.append(tokenizer.encode(ListwisePrompt().text("what do cats eat?", documents)).ids)
+    return prompts
+
+
 CASES = (
     Case("colbert-bert-base", colbert_lengths, build_colbert),
-    Case("splade-bert-base", mixed_lengths, build_splade),
+    Case("colbert-rerank-bert-base", colbert_lengths, build_colbert_rerank, "scores", colbert_query),
+    Case("splade-bert-base", mixed_lengths, build_splade, "weights"),
     Case("bge-m3-xlmr-large", mixed_lengths, build_m3),
+    Case("listwise-qwen3-0.6b", mixed_lengths, build_listwise, texts=listwise_prompts),
 )
 
 
@@ -177,14 +265,21 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
     with tempfile.TemporaryDirectory(prefix=f"posy-{case.name}-") as folder:
         served, reference = case.build(Path(folder), smoke)
         spec = resolve_model(str(served))
-        lengths = case.lengths(SMOKE_TEXTS if smoke else NUM_TEXTS, smoke)
-        sequences = [[101, *ids[1:-1], 102] for ids in random_sequences(lengths, spec.vocab_size, seed=3)]
+        count = SMOKE_TEXTS if smoke else NUM_TEXTS
+        if case.texts is not None:
+            sequences = case.texts(Path(served), count, smoke)
+        else:
+            lengths = case.lengths(count, smoke)
+            sequences = [[101, *ids[1:-1], 102] for ids in random_sequences(lengths, spec.vocab_size, seed=3)]
+        query = None if case.query is None else case.query(smoke)
         engine = build_engine(spec, engine_config(device, dtype, options.backend))
         loop = asyncio.new_event_loop()
         try:
             for _ in range(3):  # eager, capture, replay
-                rows = loop.run_until_complete(engine.run(sequences))
-            posy = timed(lambda: loop.run_until_complete(engine.run(sequences)), rounds * 2, device)
+                rows = loop.run_until_complete(engine.run(sequences, prefix=query))
+            posy = timed(
+                lambda: loop.run_until_complete(engine.run(sequences, prefix=query)), rounds * 2, device
+            )
             reference(sequences, device, dtype)  # warm-up
             theirs = timed(lambda: reference(sequences, device, dtype), rounds, device)
             expected = reference(sequences, device, torch.float32)
@@ -195,11 +290,16 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
     posy_rate, reference_rate = tokens / statistics.median(posy), tokens / statistics.median(theirs)
     context = RunContext(options.suite, f"{case.name} (random weights)", gpu, engine_backend(engine))
     records = [context.record(case.name, "real_tokens_per_s", posy_rate, "tokens/s", reference_rate)]
-    if case.name.startswith("splade"):
+    if case.parity == "weights":
         error = float(np.abs(rows - expected).max() / max(expected.max(), 1e-12))
         records.append(context.record(case.name, "max_weight_error_vs_fp32_reference", error, "of max"))
         failure = f"weight error {error:.4f} > {MAX_WEIGHT_ERROR}" if error > MAX_WEIGHT_ERROR else ""
         parity = f"max weight error {error:.4f}"
+    elif case.parity == "scores":  # MaxSim sums, a row's first column
+        error = float((np.abs(rows[:, 0] - expected) / np.abs(expected)).max())
+        records.append(context.record(case.name, "max_score_error_vs_fp32_reference", error, "relative"))
+        failure = f"score error {error:.4f} > {MAX_SCORE_ERROR}" if error > MAX_SCORE_ERROR else ""
+        parity = f"max relative score error {error:.4f}"
     else:  # bge-m3's rows end in the token's weight; ColBERT's skiplist rows are zeros in colbert-ai's
         colbert = case.name.startswith("colbert")
         cosine = min_row_cosine(*((rows, expected) if colbert else (rows[:, :-1], expected[:, :-1])))
