@@ -137,7 +137,11 @@ def colbert_ai_checkpoint(folder: Path):
     transformers 5's bookkeeping: the class it makes gets what transformers reads of it."""
     from colbert.infra.config import ColBERTConfig
     from colbert.modeling import base_colbert, hf_colbert
+    from colbert.modeling.colbert import ColBERT
 
+    # its C++ MaxSim extension scores training and index-search batches, which neither the tests nor the
+    # tokens suite call; compiling it took 50 s in each new environment (CI): marked loaded, it is not built
+    ColBERT.loaded_extensions = True
     made = hf_colbert.class_factory
 
     def class_factory(name_or_path):
