@@ -152,6 +152,13 @@ def add_engine_flags(command: argparse.ArgumentParser) -> None:
         help="whole-model CUDA graphs: captured on a bucket's second hit, or all at start-up",
     )
     command.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "fp8"],
+        help="fp8: the layers' projections in FP8 (weights per channel, inputs per token), on a GPU of "
+        "compute capability 8.9 or later; off by default (on the CPU it is emulated, for accuracy checks)",
+    )
+    command.add_argument(
         "--bidirectional",
         action="store_true",
         help="run a decoder embedder (Qwen3) without its causal mask, mean-pooled (pplx-embed style); "
@@ -230,6 +237,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
         cuda_graphs=args.cuda_graphs,
+        quantization=args.quantization,
         replicas=args.replicas,
         api_workers=args.api_workers or 1,
         bidirectional=args.bidirectional,

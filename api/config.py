@@ -35,6 +35,7 @@ class ServerConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: str = "lazy"
+    quantization: str = "none"  # EngineConfig's
     # engine replicas per model: one runs in the server process, more run as worker processes the
     # gateway splits requests over; None: one per visible GPU, one on CPU
     replicas: int | None = None
@@ -82,6 +83,7 @@ class EngineFlags(Protocol):
     dtype: str
     attention_backend: str
     cuda_graphs: str
+    quantization: str
     max_batch_tokens: int | None
     max_batch_seqs: int
     max_queue_tokens: int | None
@@ -96,5 +98,5 @@ def engine_config_for(flags: EngineFlags, max_window: int) -> EngineConfig:
     device = resolve_device(flags.device)
     return sized_for(
         max_window, device, resolve_dtype(flags.dtype, device), flags.attention_backend, flags.cuda_graphs,
-        flags.max_batch_tokens, flags.max_batch_seqs, flags.max_queue_tokens,
+        flags.max_batch_tokens, flags.max_batch_seqs, flags.max_queue_tokens, flags.quantization,
     )  # fmt: skip

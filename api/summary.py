@@ -43,8 +43,13 @@ def startup_summary(
         )
         gateways = f"{config.api_workers} gateway process" + ("es" if config.api_workers > 1 else "")
         lines.append(
-            f"    {engine_config.device} {engine_config.dtype}, "
-            f"attention {description.get('attention_backend')}, "
+            f"    {engine_config.device} {engine_config.dtype}"
+            + (
+                " with fp8 projections (weights per channel, inputs per token), "
+                if engine_config.quantization == "fp8"
+                else ", "
+            )
+            + f"attention {description.get('attention_backend')}, "
             f"CUDA graphs {description.get('cuda_graphs', 'off')}, {replicas}, {gateways}"
         )
     batch = engine_config.max_batch_tokens

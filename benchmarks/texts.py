@@ -31,6 +31,20 @@ def sts_sentences(path: Path = STS_TEST) -> list[str]:
     return sentences
 
 
+def read_sts(path: Path = STS_TEST) -> tuple[list[float], list[str], list[str]]:
+    """The STS Benchmark test file's (gold scores, first sentences, second sentences), columns 5, 6 and 7
+    (1-based). Split on tabs by hand: the csv module's quoting merges rows that contain a lone quote."""
+    scores, first, second = [], [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        columns = line.split("\t")
+        scores.append(float(columns[4]))
+        first.append(columns[5])
+        second.append(columns[6])
+    return scores, first, second
+
+
 def synthetic_sentences(rng: random.Random, num_sentences: int = 2000) -> list[str]:
     sentences = []
     for _ in range(num_sentences):

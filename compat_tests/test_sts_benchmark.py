@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
+from benchmarks.texts import STS_TEST, read_sts
+
 from .contract import MODEL
 
-STS_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "stsbenchmark" / "sts-test.csv"
 REFERENCE_SPEARMAN = 82.03  # sentence-transformers' all-MiniLM-L6-v2 on sts-test
 TOLERANCE = 0.05
 BATCH_SIZE = 256
-
-
-def read_sts(path: Path) -> tuple[list[float], list[str], list[str]]:
-    # Split on tabs by hand: the csv module's quoting merges rows that contain a lone quote.
-    scores, first, second = [], [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        columns = line.split("\t")
-        scores.append(float(columns[4]))
-        first.append(columns[5])
-        second.append(columns[6])
-    return scores, first, second
 
 
 def test_sts_benchmark_spearman(http):

@@ -42,7 +42,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         position_bias=shape.position_bias,
         graphs=config.uses_cuda_graphs,
     )
-    model = load_model(spec, device, DTYPES[config.dtype], backend)
+    model = load_model(spec, device, DTYPES[config.dtype], backend, config.quantization)
     graphs = None
     if config.uses_cuda_graphs and backend.graph_safe:
         graphs = GraphCache(model, backend, config, device, max_seqlen=spec.max_seq_length)
@@ -87,7 +87,7 @@ def fallback_engine(
     spec: ModelSpec, config: EngineConfig, device: torch.device, on_batch: BatchObserver | None
 ) -> Engine:
     """transformers' own model (engine/models/fallback.py) behind the same scheduler; no CUDA graphs."""
-    model = load_model(spec, device, DTYPES[config.dtype], None)  # type: ignore[arg-type]
+    model = load_model(spec, device, DTYPES[config.dtype], None, config.quantization)  # type: ignore[arg-type]
     runner = ModelRunner(model, device, None)
     runner.step(pack([[0, 1]])).result()
     engine = Engine(runner, config, on_batch)

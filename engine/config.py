@@ -11,6 +11,7 @@ GPU_MAX_BATCH_TOKENS = 16384
 CPU_MAX_BATCH_TOKENS = 4096
 QUEUE_BATCHES = 64
 CUDA_GRAPH_MODES = ("off", "lazy", "eager-warmup")
+QUANTIZATIONS = ("none", "fp8")  # --quantization (engine/layers/fp8.py)
 # token buckets: multiples of SMALL_TOKEN_STEP up to SMALL_TOKEN_LIMIT, then of LARGE_TOKEN_STEP
 SMALL_TOKEN_STEP = 64
 SMALL_TOKEN_LIMIT = 1024
@@ -42,6 +43,8 @@ class EngineConfig:
     # a causal scorer's pairs run the prefix they share (template head and query) once a batch, where the
     # measured rule of engine/prefixes.py says it pays; False: always as whole pairs
     shared_prefixes: bool = True
+    # "fp8": the backbone's projections in FP8 (engine/layers/fp8.py); "none": the model dtype throughout
+    quantization: str = "none"
 
     def check(self, max_window: int) -> None:
         if self.max_batch_tokens < max_window:
@@ -55,6 +58,8 @@ class EngineConfig:
             raise ValueError("max_queue_tokens must be at least max_batch_tokens")
         if self.cuda_graphs not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -112,6 +117,7 @@ def sized_for(
     max_batch_tokens: int | None = None,
     max_batch_seqs: int = 512,
     max_queue_tokens: int | None = None,
+    quantization: str = "none",
 ) -> EngineConfig:
     """The engine config of `posy serve` and `posy embed` for models whose largest window is `max_window`
     (device and dtype resolved): by default a batch holds at least one sequence of that window (Qwen3's
@@ -125,6 +131,7 @@ def sized_for(
         max_batch_tokens=max_batch_tokens,
         max_batch_seqs=max_batch_seqs,
         max_queue_tokens=max_queue_tokens or QUEUE_BATCHES * max_batch_tokens,
+        quantization=quantization,
     )
     config.check(max_window)
     return config

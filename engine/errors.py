@@ -62,5 +62,9 @@ class WeightLoadError(EngineError):
     """A checkpoint does not match the model: a missing, unexpected or misshapen tensor."""
 
 
+class QuantizationUnavailable(EngineError, ValueError):
+    """The asked-for quantization cannot run on this device or model."""
+
+
 class AttentionBackendUnavailable(EngineError, ValueError):
     """The asked-for attention backend is unknown or cannot run on this device."""

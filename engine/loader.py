@@ -16,9 +16,10 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.colbert import ColbertConfig, is_colbert_folder, read_colbert
-from engine.config import MODEL_IMPLS
+from engine.config import MODEL_IMPLS, QUANTIZATIONS
 from engine.cross_encoder import LogitScore, module_kinds, read_cross_encoder
-from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
+from engine.errors import ModelNotFound, QuantizationUnavailable, UnsupportedModel, WeightLoadError
+from engine.layers.fp8 import check_fp8, quantize_linears
 from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import DenseLayout
@@ -387,10 +388,22 @@ def sentence_transformers_pooling(
 
 
 def load_model(
-    spec: ModelSpec, device: torch.device | str, dtype: torch.dtype, attention_backend: AttentionBackend
+    spec: ModelSpec,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+    quantization: str = "none",
 ) -> nn.Module:
-    """Build the model on the device in eval mode; every parameter comes from the checkpoint."""
+    """Build the model on the device in eval mode; every parameter comes from the checkpoint. With
+    `quantization` "fp8", the backbone's projections then run in FP8 (engine/layers/fp8.py)."""
+    if quantization not in QUANTIZATIONS:
+        raise QuantizationUnavailable(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     if spec.implementation == "transformers":
+        if quantization != "none":
+            raise QuantizationUnavailable(
+                f"model {spec.name!r}: --quantization {quantization} runs on the families posy packs, not "
+                "through transformers"
+            )
         return load_fallback(spec, device, dtype)
     spec_entry(spec).family.backbone.check_dtype(spec.hf_config, dtype)
     with torch.device("meta"):
@@ -405,6 +418,13 @@ def load_model(
         "%s: loaded %d checkpoint tensors (%.2f GB) onto %s in %.1f s",
         spec.name, len(tensors), size_gb, device, time.perf_counter() - started,
     )  # fmt: skip
+    if quantization == "fp8":
+        check_fp8(torch.device(device))
+        backbone = model.backbone
+        count = quantize_linears(backbone, backbone.fp8_linears)
+        if count == 0:
+            raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
+        logger.info("%s: %d projections run in FP8 (weights per channel, inputs per token)", spec.name, count)
     return model.eval().requires_grad_(False)
 
 

@@ -24,6 +24,7 @@ class JobConfig:
     dtype: str = "auto"
     attention_backend: str = "auto"
     cuda_graphs: str = "lazy"
+    quantization: str = "none"
     bidirectional: bool = False
     max_model_len: int | None = None
     model_impl: str = "auto"

@@ -72,6 +72,8 @@ class Backbone(nn.Module):
     checkpoint_prefixes: tuple[str, ...] = ()
     ignored_weights: tuple[str, ...] = ()
     pretraining_heads: tuple[str, ...] = ()
+    # the attribute names of the layers' projections that --quantization fp8 runs in FP8
+    fp8_linears: tuple[str, ...] = ()
     # the checkpoint name of the token embedding table, which a tied LM head shares
     token_embeddings: ClassVar[str] = ""
     hidden_size: int

@@ -251,6 +251,7 @@ class BertBackbone(Backbone):
     """Embeddings (+ LayerNorm) and post-norm layers; nothing to finish."""
 
     checkpoint_prefixes = ("bert.", "roberta.", "distilbert.", "mpnet.")
+    fp8_linears = ("qkv", "attention_out", "up", "down")
     ignored_weights = ("embeddings.position_ids", "embeddings.token_type_ids")
     token_embeddings = "embeddings.word_embeddings.weight"
 

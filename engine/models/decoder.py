@@ -279,6 +279,7 @@ class DecoderBackbone(Backbone):
     with."""
 
     checkpoint_prefixes = ("model.",)
+    fp8_linears = ("qkv", "out", "gate_up", "down")
     pretraining_heads = ("lm_head.",)
     token_embeddings = "embed_tokens.weight"
 

@@ -142,6 +142,7 @@ class ModernBertBackbone(Backbone):
     """Embeddings (+ LayerNorm) and pre-norm layers; the final norm is what it finishes with."""
 
     checkpoint_prefixes = ("model.",)
+    fp8_linears = ("qkv", "attention_out", "up", "down")
     pretraining_heads = ("head.", "decoder.")  # the masked-LM head
     token_embeddings = "embeddings.tok_embeddings.weight"
 

@@ -1,0 +1,114 @@
+"""FP8 (W8A8) projections on the CPU, where torch emulates the scaled GEMM: the quantization of weights per
+output channel and of inputs per row against a dequantized float64 reference, which projections of which
+families are converted, and the refusals (a GPU without FP8, the transformers fallback, a bad name)."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.errors import QuantizationUnavailable
+from engine.layers.fp8 import FP8_MAX, Fp8Linear, Fp8Rows, check_fp8, quantize_linears, quantize_rows
+from engine.layers.linear_act import LinearActivation
+
+
+def dequantized(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return values.double() * scales.double()
+
+
+def test_each_row_is_scaled_to_the_fp8_range_and_a_zero_row_stays_zero():
+    x = torch.tensor([[1.0, -3.0, 0.5], [0.0, 0.0, 0.0], [1e-3, 2e-3, -4e-3]])
+    rows = quantize_rows(x)
+    assert rows.values.dtype == torch.float8_e4m3fn and rows.scales.shape == (3, 1)
+    assert rows.values.float().abs().amax(dim=1).tolist() == [FP8_MAX, 0.0, FP8_MAX]
+    assert torch.equal(dequantized(rows.values, rows.scales)[1], torch.zeros(3, dtype=torch.float64))
+    # e4m3 keeps 3 mantissa bits: each value within half a step (1/16 relative) of its own
+    assert torch.allclose(dequantized(rows.values, rows.scales), x.double(), rtol=1 / 16, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp8_linear_is_the_product_of_its_dequantized_operands(dtype, bias):
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64, generator=generator) * torch.linspace(0.01, 3, 48)[:, None])
+        if bias:
+            linear.bias.copy_(torch.randn(48, generator=generator))
+    linear = linear.to(dtype)
+    x = (torch.randn(5, 64, generator=generator) * torch.tensor([[0.01], [1], [30], [2], [5]])).to(dtype)
+    layer = Fp8Linear(linear)
+    rows = quantize_rows(x)
+    weight = dequantized(layer.weight, layer.weight_scales.t())
+    expected = dequantized(rows.values, rows.scales) @ weight.T
+    if bias:
+        expected += linear.bias.double()
+    got = layer(x)
+    assert got.dtype == dtype and got.shape == (5, 48)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(
+        got.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item()
+    )
+    # quantized rows handed over give the same output as quantizing here
+    assert torch.equal(layer(Fp8Rows(rows.values, rows.scales, dtype)), got)
+    # and the whole is close to the unquantized layer: per-channel and per-row scales keep the small rows
+    exact = linear(x).double()
+    assert ((got.double() - exact).norm(dim=1) / exact.norm(dim=1)).max() < 0.08
+
+
+def test_an_activation_layer_applies_its_activation_after_the_fp8_product():
+    layer = LinearActivation(32, 16, "gelu")
+    x = torch.randn(4, 32)
+    converted = Fp8Linear(layer)
+    plain = Fp8Linear(nn.Linear(32, 16))
+    plain.load_state_dict(converted.state_dict())
+    assert torch.allclose(converted(x), torch.nn.functional.gelu(plain(x)))
+
+
+def test_the_named_projections_of_each_layer_are_converted_and_nothing_else():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.down, self.other = nn.Linear(32, 96), nn.Linear(64, 32), nn.Linear(32, 32)
+            self.odd = nn.Linear(30, 32)  # not a multiple of 16: a scaled GEMM does not take it
+
+    model = nn.Sequential(Block(), Block())
+    model[1].odd = nn.Linear(30, 32)
+    assert quantize_linears(model, ("qkv", "down", "odd")) == 4
+    for block in model:
+        assert isinstance(block.qkv, Fp8Linear) and isinstance(block.down, Fp8Linear)
+        assert type(block.other) is nn.Linear and type(block.odd) is nn.Linear
+
+
+def test_a_gpu_without_fp8_tensor_cores_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(QuantizationUnavailable, match="compute capability 8.9 or later.*A100 is 8.0"):
+        check_fp8(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8(torch.device("cuda"))
+    check_fp8(torch.device("cpu"))  # emulated
+
+
+def test_a_bert_model_runs_its_four_projections_a_layer_in_fp8(minilm_path):
+    from engine.attention import select_backend
+    from engine.loader import load_model, resolve_model
+
+    spec = resolve_model(str(minilm_path))
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"), "fp8")
+    converted = [name for name, module in model.named_modules() if isinstance(module, Fp8Linear)]
+    assert len(converted) == 6 * 4 and all(name.startswith("backbone.layers.") for name in converted)
+
+
+def test_the_transformers_fallback_and_unknown_names_are_refused(minilm_path):
+    from dataclasses import replace
+
+    from engine.loader import load_model, resolve_model
+
+    spec = replace(resolve_model(str(minilm_path)), implementation="transformers")
+    with pytest.raises(QuantizationUnavailable, match="families posy packs"):
+        load_model(spec, "cpu", torch.float32, None, "fp8")
+    with pytest.raises(QuantizationUnavailable, match="none, fp8"):
+        load_model(spec, "cpu", torch.float32, None, "int4")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineConfig(quantization="int8").check(256)
