@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "bulk": "benchmarks.bulk",
     "online": "benchmarks.online",
     "tokens": "benchmarks.token_outputs",
+    "fp8": "benchmarks.fp8",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

@@ -424,6 +424,7 @@ def load_model(
         count = quantize_linears(backbone, backbone.fp8_linears)
         if count == 0:
             raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
+        backbone.fuse_fp8_inputs()
         logger.info("%s: %d projections run in FP8 (weights per channel, inputs per token)", spec.name, count)
     return model.eval().requires_grad_(False)
 

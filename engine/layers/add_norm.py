@@ -1,5 +1,7 @@
 """AddLayerNorm: LayerNorm(x + residual) as one Triton kernel on CUDA (one read of each input, one
-write), the two torch ops elsewhere; a LayerNorm subclass, so checkpoints map onto it unchanged."""
+write), the two torch ops elsewhere; a LayerNorm subclass, so checkpoints map onto it unchanged. Where
+its output also feeds an FP8 projection (`quantize`), the same pass writes that input too: the rows in
+FP8 with a scale each (engine/layers/fp8.py)."""
 
 from __future__ import annotations
 
@@ -7,31 +9,63 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.fp8 import FP8, Fp8Rows, quantize_rows
 from engine.layers.triton_kernel import triton_kernel
 
 MAX_HIDDEN = 8192  # one row per program: wider rows take the torch ops
 
 
 class AddLayerNorm(nn.LayerNorm):
+    quantize = False  # set where the next projection runs in FP8 (Backbone.fuse_fp8_inputs)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # [num_tokens, hidden] x2 -> [num_tokens, hidden]
+        return self.with_input(x, residual)[0]
+
+    def with_input(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
+        """(LayerNorm(x + residual), the next projection's input: the same rows, or with `quantize` those
+        rows in FP8, written by the same kernel on CUDA)."""
         kernel = _triton_kernel() if x.is_cuda else None
         if kernel is None or x.shape[-1] > MAX_HIDDEN:
-            return F.layer_norm(x + residual, self.normalized_shape, self.weight, self.bias, self.eps)
-        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps)
+            out = F.layer_norm(x + residual, self.normalized_shape, self.weight, self.bias, self.eps)
+            return out, quantize_rows(out) if self.quantize else out
+        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, self.quantize)
 
 
 def add_layer_norm(
-    kernel, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """LayerNorm(x + residual) by the Triton kernel, on the device the tensors are on (Triton's
-    interpreter runs it on the CPU in the tests)."""
+    kernel,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    quantize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
+    """(LayerNorm(x + residual), the same rows or with `quantize` their Fp8Rows) by the Triton kernel, on
+    the device the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
     x, residual = x.contiguous(), residual.contiguous()
     out = torch.empty_like(x)
-    hidden = x.shape[-1]
+    num_tokens, hidden = x.shape
+    values = torch.empty(num_tokens, hidden, dtype=FP8, device=x.device) if quantize else out
+    scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device) if quantize else out
     block = triton_block(hidden)
-    kernel[(x.shape[0],)](x, residual, weight, bias, out, hidden, eps, BLOCK=block, num_warps=4)
-    return out
+    kernel[(num_tokens,)](
+        x,
+        residual,
+        weight,
+        bias,
+        out,
+        values,
+        scales,
+        hidden,
+        eps,
+        QUANTIZE=quantize,
+        BLOCK=block,
+        num_warps=4,
+    )
+    return out, Fp8Rows(values, scales, x.dtype) if quantize else out
 
 
 def triton_block(hidden: int) -> int:
@@ -41,10 +75,14 @@ def triton_block(hidden: int) -> int:
 @triton_kernel
 def _triton_kernel(triton, tl):
     """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
+    global quantized_row  # jitted code calls module globals, not closures (the interpreter too)
+    from engine.layers.fp8_row import quantized_row
 
     @triton.jit
-    def add_layer_norm(x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, hidden, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64) * hidden
+    def add_layer_norm(x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, values_ptr, scales_ptr, hidden,
+                       eps, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        token = tl.program_id(0).to(tl.int64)
+        row = token * hidden
         columns = tl.arange(0, BLOCK)
         mask = columns < hidden
         total = tl.load(x_ptr + row + columns, mask=mask, other=0.0).to(tl.float32)
@@ -54,7 +92,9 @@ def _triton_kernel(triton, tl):
         inverse_std = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / hidden + eps)
         weight = tl.load(weight_ptr + columns, mask=mask).to(tl.float32)
         bias = tl.load(bias_ptr + columns, mask=mask).to(tl.float32)
-        normed = centered * inverse_std * weight + bias
-        tl.store(out_ptr + row + columns, normed.to(out_ptr.dtype.element_ty), mask=mask)
+        normed = (centered * inverse_std * weight + bias).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row + columns, normed, mask=mask)
+        if QUANTIZE:  # the rounded rows, as quantize_rows reads them
+            quantized_row(normed.to(tl.float32), mask, values_ptr + row + columns, scales_ptr + token)
 
     return add_layer_norm

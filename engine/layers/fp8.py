@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from engine.errors import QuantizationUnavailable
-from engine.layers.linear_act import LinearActivation
+from engine.layers.triton_kernel import triton_kernel
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -57,11 +57,17 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight", (weight / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8))
         self.register_buffer("weight_scales", scales.t().contiguous())  # [1, out] float32
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-        self.act = linear.act if isinstance(linear, LinearActivation) else None
+        # a LinearActivation's activation (its name: the fused kernel's), applied after the GEMM
+        self.activation: str | None = getattr(linear, "activation", None)
+        self.act = getattr(linear, "act", None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        # set where the next projection runs in FP8 too: the activation and that projection's
+        # quantization run as one kernel on CUDA, which hands over Fp8Rows (Backbone.fuse_fp8_inputs)
+        self.quantize_output = False
 
-    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
-        # [num_tokens, in_features] (or its Fp8Rows) -> [num_tokens, out_features] in the model dtype
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor | Fp8Rows:
+        # [num_tokens, in_features] (or its Fp8Rows) -> [num_tokens, out_features] in the model dtype,
+        # or with quantize_output its Fp8Rows
         rows = x if isinstance(x, Fp8Rows) else quantize_rows(x)
         out = torch._scaled_mm(
             rows.values,
@@ -71,12 +77,65 @@ class Fp8Linear(nn.Module):
             bias=self.bias,
             out_dtype=rows.dtype,
         )
+        if self.quantize_output:
+            return activated_rows(out, self.activation, self.act)
         return out if self.act is None else self.act(out)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, fp8 (per channel, per token)"
         )
+
+
+def activated_rows(x: torch.Tensor, activation: str | None, act) -> Fp8Rows:
+    """act(x) rounded to x's dtype, quantized per row: one Triton kernel on CUDA for the GELUs (a row in
+    one program), the torch ops elsewhere."""
+    kernel = _activation_kernel() if x.is_cuda else None
+    if kernel is None or activation not in KERNEL_ACTIVATIONS or x.shape[-1] > MAX_FUSED_COLUMNS:
+        return quantize_rows(x if act is None else act(x))
+    return activate_and_quantize(kernel, x, activation)
+
+
+# activations the fused kernel computes: the erf GELU (BERT's "gelu") and its tanh form
+KERNEL_ACTIVATIONS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
+MAX_FUSED_COLUMNS = 8192  # a row in one program; wider ones take the torch ops
+
+
+def activate_and_quantize(kernel, x: torch.Tensor, activation: str) -> Fp8Rows:
+    """activated_rows by the Triton kernel, on the device x is on (the interpreter's CPU in the tests)."""
+    x = x.contiguous()
+    num_tokens, width = x.shape
+    values = torch.empty(num_tokens, width, dtype=FP8, device=x.device)
+    scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)
+    block = 1 << (width - 1).bit_length()
+    tanh = KERNEL_ACTIVATIONS[activation]
+    kernel[(num_tokens,)](
+        x, values, scales, width, TANH=tanh, BLOCK=block, num_warps=8 if block > 2048 else 4
+    )
+    return Fp8Rows(values, scales, x.dtype)
+
+
+@triton_kernel
+def _activation_kernel(triton, tl):
+    """The kernel, compiled on first use; None where Triton is missing (the torch ops then run)."""
+    global quantized_row  # jitted code calls module globals, not closures (the interpreter too)
+    from engine.layers.fp8_row import quantized_row
+
+    @triton.jit
+    def activate_and_quantize(x_ptr, values_ptr, scales_ptr, width, TANH: tl.constexpr, BLOCK: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        columns = tl.arange(0, BLOCK)
+        mask = columns < width
+        x = tl.load(x_ptr + token * width + columns, mask=mask, other=0.0).to(tl.float32)
+        if TANH:  # 0.5 x (1 + tanh(y)) = x * sigmoid(2 y), y = sqrt(2 / pi) (x + 0.044715 x^3)
+            inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            activated = x / (1.0 + tl.exp(-2.0 * inner))
+        else:  # 0.5 x (1 + erf(x / sqrt(2)))
+            activated = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        activated = activated.to(x_ptr.dtype.element_ty).to(tl.float32)  # as the unfused op rounds it
+        quantized_row(activated, mask, values_ptr + token * width + columns, scales_ptr + token)
+
+    return activate_and_quantize
 
 
 def quantize_linears(module: nn.Module, names: tuple[str, ...]) -> int:

@@ -126,6 +126,11 @@ class Backbone(nn.Module):
         # [n, hidden] -> [n, hidden], row by row
         return rows
 
+    def fuse_fp8_inputs(self) -> None:
+        """After --quantization fp8 converted the projections: have each kernel whose output feeds only an
+        FP8 projection write that input in FP8 itself (a norm, an activation), so no pass of its own
+        quantizes it. Families without it quantize each input in the projection."""
+
     def weight_map(self) -> WeightTargets:
         """Every checkpoint tensor the backbone needs -> its parameter."""
         raise NotImplementedError

@@ -16,6 +16,7 @@ from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
 from engine.layers.embed_norm import embed_layer_norm
+from engine.layers.fp8 import Fp8Linear
 from engine.layers.linear_act import LinearActivation
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout, MlmLayout
 
@@ -243,8 +244,8 @@ class BertLayer(nn.Module):
         attention = attention.reshape(num_tokens, -1)
         if rows is not None:
             attention, hidden = attention[rows], hidden[rows]
-        hidden = self.attention_norm(self.attention_out(attention), hidden)
-        return self.mlp_norm(self.down(self.up(hidden)), hidden)
+        hidden, up_input = self.attention_norm.with_input(self.attention_out(attention), hidden)
+        return self.mlp_norm(self.down(self.up(up_input)), hidden)
 
 
 class BertBackbone(Backbone):
@@ -265,6 +266,15 @@ class BertBackbone(Backbone):
         self.relative_attention_bias = (
             nn.Embedding(config.num_buckets, config.num_heads) if config.num_buckets else None
         )
+
+    def fuse_fp8_inputs(self) -> None:
+        # the attention's LayerNorm writes the up projection's input; the up projection's GELU, the down's.
+        # The QKV input (the last LayerNorm's, also the residual) and the attention output are quantized
+        # in their projections
+        for layer in self.layers:
+            if isinstance(layer.up, Fp8Linear):
+                layer.attention_norm.quantize = True
+                layer.up.quantize_output = isinstance(layer.down, Fp8Linear)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:

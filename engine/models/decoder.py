@@ -13,6 +13,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
+from engine.layers.fp8 import Fp8Linear
 from engine.layers.qk_norm_rotary import QKNormRotary
 from engine.layers.rms_norm import AddRMSNorm, rms_norm
 from engine.layers.rotary import rope_theta, rotary_tables
@@ -222,6 +223,8 @@ class DecoderMLP(nn.Module):
     """A gated MLP (SwiGLU; GELU-tanh for Gemma3): gate and up projections as one GEMM, act(gate) * up as
     one kernel on CUDA."""
 
+    quantize = False  # the down projection runs in FP8: the gated product comes as its Fp8Rows
+
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.activation = config.activation
@@ -230,7 +233,7 @@ class DecoderMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
-        return self.down(gated(self.gate_up(hidden), self.activation))
+        return self.down(gated(self.gate_up(hidden), self.activation, quantize=self.quantize))
 
 
 class DecoderLayer(nn.Module):
@@ -292,6 +295,14 @@ class DecoderBackbone(Backbone):
             DecoderLayer(config, index, attention_backend) for index in range(config.num_layers)
         )
         self.norm = AddRMSNorm(config.hidden_size, config.rms_norm_eps, config.variant.norm_offset)
+
+    def fuse_fp8_inputs(self) -> None:
+        # each pre-norm writes its projection's input (QKV's, gate and up's), the gated product the down
+        # projection's; the attention output is quantized in its projection
+        for layer in self.layers:
+            layer.attention_norm.quantize = isinstance(layer.attention.qkv, Fp8Linear)
+            layer.mlp_norm.quantize = isinstance(layer.mlp.gate_up, Fp8Linear)
+            layer.mlp.quantize = isinstance(layer.mlp.down, Fp8Linear)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:

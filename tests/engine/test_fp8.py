@@ -112,3 +112,30 @@ def test_the_transformers_fallback_and_unknown_names_are_refused(minilm_path):
         load_model(spec, "cpu", torch.float32, None, "int4")
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig(quantization="int8").check(256)
+
+
+def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_its_vectors(
+    tmp_path, minilm_path
+):
+    """BERT: the attention's LayerNorm writes the up projection's input and the GELU the down's. A Qwen3
+    (random weights, norms and biases too): the pre-norms and the gated product; its fp8 vectors keep a
+    cosine of 0.99 to float32's."""
+    from engine.attention import select_backend
+    from engine.batch import pack
+    from engine.loader import load_model, resolve_model
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    backend = select_backend("torch", "cpu")
+    bert = load_model(resolve_model(str(minilm_path)), "cpu", torch.float32, backend, "fp8")
+    for layer in bert.backbone.layers:
+        assert layer.attention_norm.quantize and layer.up.quantize_output and not layer.mlp_norm.quantize
+    save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="lasttoken")
+    spec = resolve_model(str(tmp_path))
+    fp8_model = load_model(spec, "cpu", torch.float32, backend, "fp8")
+    for layer in fp8_model.backbone.layers:
+        assert layer.attention_norm.quantize and layer.mlp_norm.quantize and layer.mlp.quantize
+    plain = load_model(spec, "cpu", torch.float32, backend)
+    batch = pack([list(range(5, 5 + n)) for n in (3, 17, 40)])
+    with torch.inference_mode():
+        cosines = (fp8_model(batch) * plain(batch)).sum(dim=1)
+    assert cosines.min() >= 0.99, cosines

@@ -1,0 +1,82 @@
+"""--quantization fp8 on CUDA: the fused producers compiled (each norm's and activation's Fp8Rows equal to
+quantize_rows of the rows it computes, rounded to nearest even as torch does), the scaled GEMM against its
+dequantized operands, and whole models through CUDA graphs against bf16 (cosine >= 0.99)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.checkpoints import save_bert, save_qwen3
+from engine.build import build_engine
+from engine.config import EngineConfig
+from engine.layers import add_norm, fp8, rms_norm, swiglu
+from engine.layers.fp8 import Fp8Linear, quantize_rows
+from engine.loader import resolve_model
+
+pytestmark = pytest.mark.gpu
+
+
+def assert_same_rows(rows, x):
+    expected = quantize_rows(x)
+    assert torch.equal(rows.scales, expected.scales)
+    assert torch.equal(rows.values.view(torch.uint8), expected.values.view(torch.uint8))
+
+
+@pytest.mark.parametrize("hidden", [384, 768, 1024])
+def test_norms_write_the_fp8_rows_of_what_they_compute(hidden):
+    generator = torch.Generator(device="cuda").manual_seed(hidden)
+    x, residual = torch.randn(2, 300, hidden, device="cuda", dtype=torch.bfloat16, generator=generator)
+    weight = torch.rand(hidden, device="cuda", dtype=torch.bfloat16, generator=generator) + 0.5
+    bias = torch.randn(hidden, device="cuda", dtype=torch.bfloat16, generator=generator)
+    out, rows = add_norm.add_layer_norm(add_norm._triton_kernel(), x, residual, weight, bias, 1e-12, True)
+    assert_same_rows(rows, out)
+    normed, _ = rms_norm.add_rms_norm(rms_norm._triton_kernel(), x, residual, weight, 1e-6)
+    rows, total = rms_norm.add_rms_norm(rms_norm._triton_kernel(), x, residual, weight, 1e-6, quantize=True)
+    assert_same_rows(rows, normed)
+    assert torch.equal(total, x + residual)
+
+
+@pytest.mark.parametrize("intermediate", [1536, 3072, 8960])
+def test_activations_write_the_fp8_rows_of_what_they_compute(intermediate):
+    generator = torch.Generator(device="cuda").manual_seed(intermediate)
+    gate_up = torch.randn(257, 2 * intermediate, device="cuda", dtype=torch.bfloat16, generator=generator)
+    assert_same_rows(swiglu.gated(gate_up, "silu", quantize=True), swiglu.gated(gate_up, "silu"))
+    x = gate_up[:, :intermediate].contiguous() * 3
+    rows = fp8.activate_and_quantize(fp8._activation_kernel(), x, "gelu")
+    expected = quantize_rows(F.gelu(x))
+    assert torch.allclose(rows.scales, expected.scales, rtol=1e-2)
+    got, want = rows.values.float() * rows.scales, expected.values.float() * expected.scales
+    assert ((got - want).abs() <= want.abs() / 8 + expected.scales * 2**-8).all()
+
+
+def test_the_scaled_gemm_is_the_product_of_its_dequantized_operands():
+    linear = nn.Linear(1024, 3072, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(513, 1024, device="cuda", dtype=torch.bfloat16)
+    layer = Fp8Linear(linear)
+    rows = quantize_rows(x)
+    weight = layer.weight.float() * layer.weight_scales.t()
+    expected = (rows.values.float() * rows.scales) @ weight.T + linear.bias.float()
+    got = layer(x).float()
+    assert ((got - expected).norm() / expected.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("save", [save_bert, save_qwen3], ids=["bert-base", "qwen3-0.6b"])
+def test_fp8_models_through_cuda_graphs_keep_their_vectors(tmp_path, save):
+    checkpoint = save(tmp_path, "bert-base" if save is save_bert else "qwen3-0.6b")
+    spec = resolve_model(str(checkpoint.folder))
+    rng = np.random.default_rng(0)
+    sequences = [[2, *rng.integers(5, 8000, n).tolist(), 3] for n in (7, 50, 130, 500)]
+    vectors = []
+    for quantization in ("none", "fp8"):
+        engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16", quantization=quantization))
+        try:
+            for _ in range(3):  # eager, capture, replay
+                out = asyncio.run(engine.run(sequences))
+        finally:
+            engine.stop()
+        vectors.append(out)
+    assert (vectors[0] * vectors[1]).sum(axis=1).min() >= 0.99
