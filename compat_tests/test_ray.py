@@ -4,6 +4,7 @@ only): `posy embed --ray` through Ray Data gives /v1/embeddings' vectors for the
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -112,23 +113,30 @@ def serve_url(ray_address, tmp_path_factory):
         server.wait(timeout=120)
 
 
-def serve_replicas(ray_address: str) -> int:
+def serve_replicas(ray_address: str) -> dict[str, int]:
+    """The posy deployment's replicas by state (RUNNING, STARTING, ...), as Serve reports them."""
     script = (
         f"import ray; from ray import serve; ray.init(address={ray_address!r}, logging_level='ERROR'); "
         "status = serve.status().applications['posy'].deployments['posy']; "
-        "print(status.replica_states.get('RUNNING', 0))"
+        "states = status.replica_states.items(); "
+        "print({str(getattr(state, 'value', state)): count for state, count in states})"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], env=ray_env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return int(done.stdout.strip().splitlines()[-1])
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
 
 def test_serve_on_ray_runs_two_replicas_that_the_sdks_drive_like_a_plain_server(
     serve_url, ray_address, embed, http
 ):
-    assert serve_replicas(ray_address) == 2
+    # the app answers once a replica is up; the second may still be starting (on a loaded 2-core machine,
+    # seconds later): both must be running within the start-up timeout
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while (states := serve_replicas(ray_address)).get("RUNNING", 0) != 2 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert states.get("RUNNING", 0) == 2, states
     with openai.OpenAI(base_url=f"{serve_url}/v1", api_key="x", max_retries=0, timeout=120) as client:
         for _ in range(4):  # several requests: Serve's proxy spreads them over both replicas
             response = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
