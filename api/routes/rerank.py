@@ -27,6 +27,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
+from api.tokenize import MAX_CHARS_PER_TOKEN, cut_at_a_space
 from scoring.listwise import listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
@@ -85,7 +86,9 @@ async def _rerank(
 async def score_texts(
     model: ServedModel, query: str, texts: list[str], options: RerankOptions, guard: RequestGuard
 ) -> np.ndarray:
-    """The documents' scores; the model's engine is reached through the request's guard."""
+    """The documents' scores; the model's engine is reached through the request's guard. Texts far longer
+    than what rerank reads of them are cut before they are tokenized (bounded_texts)."""
+    query, texts = bounded_texts(query, texts, options, model.spec.max_seq_length)
     if model.listwise is not None:
         listwise = dataclasses.replace(model.listwise, engine=guard)
         return await listwise_scores(listwise, query, texts, options)
@@ -94,6 +97,23 @@ async def score_texts(
     prompted = rerank_model.texts(query, texts, options.instruction)
     ids = await guard.tokenized(encoder.content_ids_off_loop(prompted))
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
+
+
+def bounded_texts(query: str, texts: list[str], options: RerankOptions, window: int) -> tuple[str, list[str]]:
+    """The query and documents cut (at a space) to what rerank can read of them at MAX_CHARS_PER_TOKEN
+    characters a token: a query to the window, a document to max_tokens_per_doc or its max_chunks_per_doc
+    windows. Their first tokens are those of the whole text, and a 7 MB document costs no 7 MB of
+    tokenization (issue 30's over-long inputs)."""
+    document_tokens = options.max_tokens_per_doc or (options.max_chunks_per_doc or 1) * window
+    query_budget, document_budget = (
+        (tokens + 2) * MAX_CHARS_PER_TOKEN for tokens in (window, document_tokens)
+    )
+    if len(query) > query_budget:
+        query = cut_at_a_space(query, query_budget, keep_end=False)
+    return query, [
+        cut_at_a_space(text, document_budget, keep_end=False) if len(text) > document_budget else text
+        for text in texts
+    ]
 
 
 def ranking(scores: np.ndarray, top_n: int | None) -> list[int]:

@@ -198,6 +198,30 @@ def test_100k_character_documents_are_chunked_and_queries_are_400(client, route)
     assert_error(client.post(route, json=body), route, 400, "query")
 
 
+def test_a_7_mb_document_is_read_as_far_as_rerank_reads_it(client, monkeypatch):
+    """Cut before tokenization to what rerank reads (v2: max_tokens_per_doc; v1: max_chunks_per_doc
+    windows), it scores as a document of its first words does, and no text the tokenizer gets is longer
+    than those tokens at 64 characters each."""
+    from api.tokenize import TextEncoder
+
+    longest = []
+    content_ids = TextEncoder.content_ids
+    monkeypatch.setattr(
+        TextEncoder,
+        "content_ids",
+        lambda self, texts: longest.append(max(map(len, texts))) or content_ids(self, texts),
+    )
+    huge, start = "bread and butter " * 420_000, "bread and butter " * 400
+    for body in ({"max_tokens_per_doc": 16}, {"max_chunks_per_doc": 2}):
+        route = COHERE_V2 if "max_tokens_per_doc" in body else COHERE_V1
+        scored = assert_ok(
+            client.post(route, json={"query": "breakfast", "documents": [huge, start], **body})
+        )
+        scores = {item["index"]: item["relevance_score"] for item in scored["results"]}
+        assert scores[0] == pytest.approx(scores[1], abs=1e-6)
+    assert len(huge) > 7_000_000 and max(longest) <= (2 * 256 + 2) * 64
+
+
 # empty and too many
 
 
