@@ -76,13 +76,27 @@ class RerankResponse(msgspec.Struct):
 
 
 class TeiRerankRequest(msgspec.Struct, kw_only=True):
-    query: str
-    texts: list[str]
-    raw_scores: bool = False
-    return_text: bool = False
-    truncate: bool | None = None
-    truncation_direction: str = "Right"
-    instruction: str | None = None  # as in Cohere's routes
+    query: Annotated[str, msgspec.Meta(description="the search query (not empty)")]
+    texts: Annotated[list[str], msgspec.Meta(description="the documents, 1 to 1,000")]
+    raw_scores: Annotated[
+        bool,
+        msgspec.Meta(
+            description="the model's raw score (a logit, a cosine, a MaxSim sum) instead of one in [0, 1]"
+        ),
+    ] = False
+    return_text: Annotated[bool, msgspec.Meta(description="each result carries its text")] = False
+    truncate: Annotated[
+        bool | None,
+        msgspec.Meta(
+            description="cut each text to one window instead of scoring its best chunk; none: --auto-truncate"
+        ),
+    ] = None
+    truncation_direction: Annotated[str, msgspec.Meta(description="TEI's; posy keeps a text's start")] = (
+        "Right"
+    )
+    instruction: Annotated[
+        str | None, msgspec.Meta(description="posy's: the task instruction of rerankers that take one")
+    ] = None
 
 
 class TeiRank(msgspec.Struct, omit_defaults=True):
@@ -97,15 +111,36 @@ EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 class EmbedRequest(msgspec.Struct, kw_only=True):
     """Cohere's /v2/embed, texts only."""
 
-    texts: list[str] | None = None
-    model: str | None = None
-    input_type: str | None = None
-    embedding_types: list[EmbeddingType] | None = None  # None: ["float"]
-    truncate: Literal["NONE", "START", "END"] = "END"
-    output_dimension: int | None = None
-    max_tokens: int | None = None
-    images: list[str] | None = None
-    inputs: list[Any] | None = None
+    texts: Annotated[list[str] | None, msgspec.Meta(description="the texts, 1 to 2048")] = None
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="a served model's name (GET /v1/models); none: the first that serves the task"
+        ),
+    ] = None
+    input_type: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="search_query, search_document, classification or clustering: the model's prompt"
+        ),
+    ] = None
+    embedding_types: Annotated[
+        list[EmbeddingType] | None,
+        msgspec.Meta(description="any of float, int8, uint8, binary, ubinary, base64; none: float"),
+    ] = None
+    truncate: Annotated[
+        Literal["NONE", "START", "END"],
+        msgspec.Meta(description="END or START cuts an over-long text at that end; NONE refuses it (400)"),
+    ] = "END"
+    output_dimension: Annotated[
+        int | None, msgspec.Meta(description="keep the first N values and re-normalize")
+    ] = None
+    max_tokens: Annotated[
+        int | None,
+        msgspec.Meta(description="each text's token limit (at most the window); over it, truncate decides"),
+    ] = None
+    images: Annotated[list[str] | None, msgspec.Meta(description="not supported: texts only (400)")] = None
+    inputs: Annotated[list[Any] | None, msgspec.Meta(description="not supported: texts only (400)")] = None
 
 
 class EmbeddingsByType(msgspec.Struct, omit_defaults=True, rename={"float_": "float"}):

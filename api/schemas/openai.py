@@ -29,7 +29,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
             description="keep the first N values and re-normalize", extra_json_schema={"minimum": 1}
         ),
     ] = None
-    user: str | None = None
+    user: Annotated[str | None, msgspec.Meta(description="OpenAI's end-user id: accepted, not used")] = None
     # vLLM's extension: truncate each input to this many tokens (-1: the model window)
     truncate_prompt_tokens: Annotated[
         int | None,

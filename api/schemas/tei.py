@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 
 class TeiEmbedRequest(msgspec.Struct, kw_only=True):
-    inputs: str | list[str]
-    normalize: bool = True
-    truncate: bool | None = None  # None: the server's --auto-truncate
-    truncation_direction: Literal["Left", "Right"] = "Right"
-    prompt_name: str | None = None
-    dimensions: int | None = None
+    inputs: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    normalize: Annotated[
+        bool,
+        msgspec.Meta(
+            description="unit vectors; false only for a model whose own pipeline does not normalize"
+        ),
+    ] = True
+    truncate: Annotated[
+        bool | None,
+        msgspec.Meta(description="cut over-long texts instead of a 413/422; none: --auto-truncate"),
+    ] = None
+    truncation_direction: Annotated[
+        Literal["Left", "Right"], msgspec.Meta(description="Right keeps a text's start, Left its end")
+    ] = "Right"
+    prompt_name: Annotated[str | None, msgspec.Meta(description="a prompt of the model's by name")] = None
+    dimensions: Annotated[
+        int | None, msgspec.Meta(description="keep the first N values (then re-normalized)")
+    ] = None
 
 
 class TeiTokenizeRequest(msgspec.Struct, kw_only=True):
-    inputs: str | list[str]
-    add_special_tokens: bool = True
-    prompt_name: str | None = None
+    inputs: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    add_special_tokens: Annotated[
+        bool, msgspec.Meta(description="with the model's special tokens ([CLS], [SEP], ...)")
+    ] = True
+    prompt_name: Annotated[
+        str | None, msgspec.Meta(description="a prompt of the model's by name, tokenized before the text")
+    ] = None
 
 
 class TeiToken(msgspec.Struct):
@@ -48,10 +64,15 @@ class TeiInfo(msgspec.Struct):
 
 
 class TeiEmbedSparseRequest(msgspec.Struct, kw_only=True):
-    inputs: str | list[str]
-    truncate: bool | None = None  # None: the server's --auto-truncate
-    truncation_direction: Literal["Left", "Right"] = "Right"
-    prompt_name: str | None = None
+    inputs: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    truncate: Annotated[
+        bool | None,
+        msgspec.Meta(description="cut over-long texts instead of a 413/422; none: --auto-truncate"),
+    ] = None
+    truncation_direction: Annotated[
+        Literal["Left", "Right"], msgspec.Meta(description="Right keeps a text's start, Left its end")
+    ] = "Right"
+    prompt_name: Annotated[str | None, msgspec.Meta(description="a prompt of the model's by name")] = None
 
 
 class TeiSparseValue(msgspec.Struct):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -11,13 +11,25 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     """vLLM names the two sides text_1 / text_2, queries / documents (its newer name) or data_1 /
     data_2; a request gives one of the three."""
 
-    text_1: str | list[str] | None = None
-    text_2: str | list[str] | None = None
-    queries: str | list[str] | None = None
-    documents: str | list[str] | None = None
-    data_1: str | list[str] | None = None
-    data_2: str | list[str] | None = None
-    model: str | None = None
+    text_1: Annotated[
+        str | list[str] | None,
+        msgspec.Meta(description="the first side: a text, or texts paired one to one with text_2"),
+    ] = None
+    text_2: Annotated[
+        str | list[str] | None, msgspec.Meta(description="the second side: a text or texts")
+    ] = None
+    queries: Annotated[str | list[str] | None, msgspec.Meta(description="vLLM's newer name of text_1")] = None
+    documents: Annotated[str | list[str] | None, msgspec.Meta(description="vLLM's newer name of text_2")] = (
+        None
+    )
+    data_1: Annotated[str | list[str] | None, msgspec.Meta(description="another name of text_1")] = None
+    data_2: Annotated[str | list[str] | None, msgspec.Meta(description="another name of text_2")] = None
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="a served model's name (GET /v1/models); none: the first that serves the task"
+        ),
+    ] = None
 
 
 class ScoreData(msgspec.Struct):
@@ -46,15 +58,35 @@ class PoolingRequest(msgspec.Struct, kw_only=True):
     bge-m3's ColBERT vectors) or posy's "all" (bge-m3: dense_vecs, lexical_weights and colbert_vecs from
     one forward); None: the model's own (token_embed for ColBERT, else embed)."""
 
-    input: str | list[str]
-    model: str | None = None
-    task: Literal["embed", "token_embed", "all"] | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    truncate_prompt_tokens: int | None = None
+    input: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="a served model's name (GET /v1/models); none: the first that serves the task"
+        ),
+    ] = None
+    task: Annotated[
+        Literal["embed", "token_embed", "all"] | None,
+        msgspec.Meta(
+            description="embed: a vector a text; token_embed: one a token (ColBERT); all: bge-m3's 3 outputs"
+        ),
+    ] = None
+    encoding_format: Annotated[
+        Literal["float", "base64"], msgspec.Meta(description="base64: little-endian float32 bytes")
+    ] = "float"
+    truncate_prompt_tokens: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="cut each input to this many tokens (-1: the model window) instead of a 400"
+        ),
+    ] = None
     # posy's: "query" or "document" (the default) lays a ColBERT text out as one or the other; with
     # prompt_name, it picks an embedder's prompt as /v1/embeddings does
-    input_type: str | None = None
-    prompt_name: str | None = None
+    input_type: Annotated[
+        str | None,
+        msgspec.Meta(description="query or document: a ColBERT text's layout, or an embedder's prompt"),
+    ] = None
+    prompt_name: Annotated[str | None, msgspec.Meta(description="a prompt of the model's by name")] = None
 
 
 class PoolingData(msgspec.Struct):
@@ -77,9 +109,19 @@ class PoolingResponse(msgspec.Struct):
 class ClassifyRequest(msgspec.Struct, kw_only=True):
     """vLLM's /classify: one text (not a pair) a sequence classifier labels."""
 
-    input: str | list[str]
-    model: str | None = None
-    truncate_prompt_tokens: int | None = None
+    input: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="a served model's name (GET /v1/models); none: the first that serves the task"
+        ),
+    ] = None
+    truncate_prompt_tokens: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="cut each input to this many tokens (-1: the model window) instead of a 400"
+        ),
+    ] = None
 
 
 class ClassifyData(msgspec.Struct):

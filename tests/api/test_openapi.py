@@ -104,6 +104,23 @@ def test_no_generated_request_is_a_server_error(case):
     case.call_and_validate(checks=[not_a_server_error])
 
 
+def test_every_request_field_says_what_it_does(client):
+    schema = client.get("/openapi.json").json()
+    bodies = {
+        operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        for operations in schema["paths"].values()
+        for operation in operations.values()
+        if "requestBody" in operation
+    }
+    undocumented = [
+        f"{body}.{field}"
+        for body in sorted(bodies)
+        for field, property_schema in schema["components"]["schemas"][body]["properties"].items()
+        if not property_schema.get("description")
+    ]
+    assert len(bodies) == 10 and undocumented == []
+
+
 def test_the_docs_page_shows_every_route_with_its_fields(client):
     response = client.get("/docs")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
