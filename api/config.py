@@ -49,7 +49,7 @@ class ServerConfig:
     tokenizer_threads: int = 2
     # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
     bidirectional: bool = False
-    model_impl: str = "auto"  # engine/loader.py MODEL_IMPLS
+    model_impl: str = "auto"  # engine/config.py MODEL_IMPLS
     trust_remote_code: bool = False
     # caps every model's window (vLLM's --max-model-len); None: the model's own
     max_model_len: int | None = None

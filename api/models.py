@@ -11,9 +11,9 @@ from api.errors import ModelNotServed, TaskNotSupported
 from api.prompts import select_prompt
 from api.tokenize import TextEncoder
 from engine.engine import Engine
-from engine.loader import ModelSpec
 from engine.replica_pool import ReplicaPool
 from engine.request import EngineOutput
+from engine.spec import ModelSpec
 from scoring.late_interaction import LateInteraction
 from scoring.listwise import ListwiseModel, ListwisePrompt, passage_tokens
 from scoring.m3_rows import dense_vectors

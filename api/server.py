@@ -21,9 +21,10 @@ from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import ModelSpec, resolve_model
 from engine.replica_pool import ReplicaPool
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
+from engine.source import ModelSource
+from engine.spec import ModelSpec
 from scoring.late_interaction import LateInteraction
 from scoring.templates import pair_prompt
 
@@ -155,9 +156,8 @@ class Server:
         """Model `index`'s engine replica processes, warm; this server stops them."""
         config = self.config
         replica_set = ReplicaSet(
-            config.models[index], num_replicas, engine_config, config.bidirectional, config.max_model_len,
-            config.log_level, metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
-            model_impl=config.model_impl, trust_remote_code=config.trust_remote_code,
+            self.source(config.models[index]), num_replicas, engine_config, config.log_level,
+            metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
         )  # fmt: skip
         self._replica_sets.append(replica_set)
         replica_set.start()
@@ -179,11 +179,15 @@ class Server:
             return build_engine(spec, engine_config, self.metrics.batch_observer(name))
         return self.start_replicas(index, spec, engine_config, num_replicas).pool
 
-    def _resolve_one(self, model: str | None) -> ModelSpec:
+    def source(self, model: str | None) -> ModelSource:
+        """A --model as the server's flags read it."""
         config = self.config
-        spec = resolve_model(
+        return ModelSource(
             model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
         )
+
+    def _resolve_one(self, model: str | None) -> ModelSpec:
+        spec = self.source(model).resolve()
         if spec.logit_score is not None:  # a chat template that cannot lay out a pair fails here, early
             tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
             pair_prompt(spec.pair_format, tokenizer, spec.logit_score.chat_template)

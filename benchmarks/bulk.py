@@ -63,7 +63,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from api.tokenize import TextEncoder
     from engine.build import build_engine
     from engine.config import sized_for
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     plan = SMOKE if getattr(options, "smoke", False) else FULL
     folder = Path(tempfile.mkdtemp(prefix="posy-bulk-"))

@@ -58,7 +58,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     # one HF module on the GPU: bf16 for the speed baseline, fp32 for the parity reference
     checkpoint = save_bert(Path(tempfile.mkdtemp()), "bert-base")

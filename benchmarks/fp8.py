@@ -80,7 +80,7 @@ def engines(folder: Path, device: str, smoke: bool, backend: str):
     """(bf16 engine, fp8 engine) of one checkpoint (float32 under smoke)."""
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     spec = resolve_model(str(folder))
     built = []

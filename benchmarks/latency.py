@@ -43,7 +43,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     smoke = getattr(options, "smoke", False)
     device = "cpu" if smoke else "cuda"

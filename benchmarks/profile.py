@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     from engine.batch import pack
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
     shape = argv[0] if argv else "bert-base"

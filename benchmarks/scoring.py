@@ -54,7 +54,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
     from scoring.rerank import RerankOptions, rerank_scores
 
     smoke = getattr(options, "smoke", False)

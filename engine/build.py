@@ -13,11 +13,12 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
-from engine.loader import ModelSpec, load_model
 from engine.models.registry import spec_entry
 from engine.prefixes import MIN_SAVED_TOKENS_EAGER, MIN_SAVED_TOKENS_GRAPHS
 from engine.progress import progress
 from engine.runner import ModelRunner
+from engine.spec import ModelSpec
+from engine.weights import load_model
 
 logger = logging.getLogger(__name__)
 

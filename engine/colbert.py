@@ -64,7 +64,7 @@ def is_colbert_folder(folder: Path, modules: list[dict] | None, hf_config: Any) 
 def read_colbert(name: str, folder: Path, transformer_dir: Path, modules: list[dict] | None) -> ColbertConfig:
     from tokenizers import Tokenizer
 
-    from engine.loader import read_json
+    from engine.spec import read_json
 
     tokenizer = Tokenizer.from_file(str(transformer_dir / "tokenizer.json"))
     special = special_tokens(transformer_dir)
@@ -110,7 +110,7 @@ def read_colbert(name: str, folder: Path, transformer_dir: Path, modules: list[d
 
 def special_tokens(transformer_dir: Path) -> dict[str, str]:
     """The tokenizer's named special tokens (mask_token, unk_token, ...) as strings."""
-    from engine.loader import read_json
+    from engine.spec import read_json
 
     found: dict[str, str] = {}
     for file in ("special_tokens_map.json", "tokenizer_config.json"):

@@ -45,7 +45,7 @@ def read_cross_encoder(
 ) -> LogitScore | None:
     """The LogitScore of a causal LM's folder, None for a sequence classifier's; any other module, or a
     head that does not match the modules, is a start-up error naming them."""
-    from engine.loader import read_json
+    from engine.spec import read_json
 
     kinds = module_kinds(modules)
     others = [kind for kind in kinds if kind not in ("Transformer", "LogitScore")]
@@ -74,7 +74,7 @@ def read_cross_encoder(
 
 def read_chat_template(name: str, transformer_dir: Path) -> ChatTemplate:
     """The tokenizer's chat template (chat_template.jinja, or tokenizer_config.json's) and its variables."""
-    from engine.loader import read_json
+    from engine.spec import read_json
 
     tokenizer_config = read_json(transformer_dir / "tokenizer_config.json") or {}
     jinja = transformer_dir / "chat_template.jinja"

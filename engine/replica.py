@@ -38,6 +38,7 @@ from engine.replica_protocol import (
 )
 from engine.request import EngineOutput, EngineRequest
 from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
+from engine.source import ModelSource
 
 logger = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0
@@ -46,13 +47,9 @@ RECEIVE_BYTES = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
-    model: str | None  # as --model gave it; None is the bundled default
+    source: ModelSource
     engine: EngineConfig
     endpoint: str  # the path of the Unix socket it listens on, in a folder that also holds the rings
-    bidirectional: bool = False
-    max_model_len: int | None = None
-    model_impl: str = "auto"
-    trust_remote_code: bool = False
     log_level: str = "info"
     num_threads: int | None = None  # torch's CPU threads; None: torch's default
     metrics_model: str | None = None  # the model's name in the server's metrics
@@ -68,16 +65,13 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     import torch
 
     from engine.build import build_engine
-    from engine.loader import resolve_model
 
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     logging.basicConfig(
         level=config.log_level.upper(), format=f"%(asctime)s %(levelname)s replica {os.getpid()}: %(message)s"
     )
-    spec = resolve_model(
-        config.model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
-    )
+    spec = config.source.resolve()
     on_batch = None
     if config.batch_observer is not None and config.metrics_model is not None:
         on_batch = config.batch_observer(config.metrics_model)

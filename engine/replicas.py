@@ -22,6 +22,7 @@ from engine.errors import EngineError
 from engine.replica import ReplicaConfig, replica_main
 from engine.replica_pool import ReplicaPool
 from engine.shm_ring import memory_folder
+from engine.source import ModelSource
 
 logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels
@@ -51,16 +52,12 @@ class ReplicaStartError(EngineError):
 class ReplicaSet:
     def __init__(
         self,
-        model: str | None,
+        source: ModelSource,
         num_replicas: int,
         engine_config: EngineConfig,
-        bidirectional: bool = False,
-        max_model_len: int | None = None,
         log_level: str = "info",
         metrics_model: str | None = None,
         batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None,
-        model_impl: str = "auto",
-        trust_remote_code: bool = False,
     ):
         """`batch_observer(metrics_model)`, called in each replica process (a module-level function, so
         that it reaches the spawned process), gives the engine's on_batch callback, or None."""
@@ -71,13 +68,9 @@ class ReplicaSet:
         self._folder = str(memory_folder("posy-"))
         self.configs = [
             ReplicaConfig(
-                model=model,
+                source=source,
                 engine=dataclasses.replace(engine_config, device=_device(engine_config.device, index)),
                 endpoint=f"{self._folder}/replica-{index}.sock",
-                bidirectional=bidirectional,
-                max_model_len=max_model_len,
-                model_impl=model_impl,
-                trust_remote_code=trust_remote_code,
                 log_level=log_level,
                 num_threads=_threads(engine_config.device, num_replicas),
                 metrics_model=metrics_model,

@@ -18,7 +18,7 @@ def is_splade_folder(kinds: list[str]) -> bool:
 
 
 def read_splade(name: str, folder: Path, modules: list[dict]) -> SpladeConfig:
-    from engine.loader import read_json, sentence_transformers_path
+    from engine.spec import read_json, sentence_transformers_path
 
     kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
     if kinds != list(SPLADE_MODULES):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.source import ModelSource
+
 DEFAULT_SHARD_ROWS = 50_000  # rows per output shard: what a crash can cost
 
 
@@ -32,3 +34,9 @@ class JobConfig:
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None
+
+    def source(self) -> ModelSource:
+        """The model as its flags read it."""
+        return ModelSource(
+            self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code
+        )

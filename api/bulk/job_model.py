@@ -19,7 +19,7 @@ from api.errors import InvalidInput
 from api.prompts import select_prompt
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import ModelSpec, resolve_model
+from engine.spec import ModelSpec
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
 
@@ -38,13 +38,7 @@ class JobModel:
         if config.shard_rows < 1:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
-            spec = resolve_model(
-                config.model,
-                config.bidirectional,
-                config.max_model_len,
-                config.model_impl,
-                config.trust_remote_code,
-            )
+            spec = config.source().resolve()
             if spec.task != "embed":
                 raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
             check_dimensions(config.dimensions, spec.output_dim, "--dimensions")

@@ -14,7 +14,8 @@ from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec, WeightTargets
+    from engine.spec import ModelSpec
+    from engine.weights import WeightTargets
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from engine.layers.linear_act import LinearActivation
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout, MlmLayout
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec, WeightTargets
+    from engine.spec import ModelSpec
+    from engine.weights import WeightTargets
 
 
 # checkpoint module (under a layer) -> ours

@@ -17,7 +17,7 @@ from engine.models.backbone import Backbone
 from engine.models.heads import Head
 
 if TYPE_CHECKING:
-    from engine.loader import WeightTargets
+    from engine.weights import WeightTargets
 
 
 class M3Embedder(Head):

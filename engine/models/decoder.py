@@ -21,7 +21,8 @@ from engine.layers.swiglu import gated
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec, WeightTargets
+    from engine.spec import ModelSpec
+    from engine.weights import WeightTargets
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from engine.errors import WeightLoadError
 from engine.models.backbone import Backbone
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec
+    from engine.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

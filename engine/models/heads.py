@@ -20,7 +20,8 @@ from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import Dense, DenseLayout
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec, WeightTargets
+    from engine.spec import ModelSpec
+    from engine.weights import WeightTargets
 
 JUDGE_TOKENS = ("no", "yes")  # the judge's two logits, in the order softmax's positive class expects
 
@@ -102,7 +103,7 @@ class Embedder(Head):
 
 
 def dense_targets(dense: nn.ModuleList, linear_name: str | None = None) -> WeightTargets:
-    """The sentence-transformers Dense modules' tensors (loader.dense_tensors names them) -> the head's
+    """The sentence-transformers Dense modules' tensors (weights.dense_tensors names them) -> the head's
     `dense` list; `linear_name`: the checkpoint's own name of a lone bias-free projection (colbert-ai's
     `linear.weight`)."""
     targets: WeightTargets = {}

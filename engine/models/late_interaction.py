@@ -18,7 +18,7 @@ from engine.models.dense import Dense, DenseLayout
 from engine.models.heads import Head, dense_targets
 
 if TYPE_CHECKING:
-    from engine.loader import WeightTargets
+    from engine.weights import WeightTargets
 
 
 class TokenEmbedder(Head):

@@ -20,7 +20,7 @@ from engine.models.backbone import Backbone
 from engine.models.heads import Head
 
 if TYPE_CHECKING:
-    from engine.loader import WeightTargets
+    from engine.weights import WeightTargets
 
 # the architectures of listwise rankers, as their configs name them
 LISTWISE_ARCHITECTURES = ("JinaForRanking",)

@@ -17,7 +17,8 @@ from engine.layers.rotary import apply_rotary, rope_theta, rotary_tables
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec, WeightTargets
+    from engine.spec import ModelSpec
+    from engine.weights import WeightTargets
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 CLASSIFIER_POOLINGS = ("cls", "mean")
@@ -197,7 +198,7 @@ class ModernBertBackbone(Backbone):
         # rows: Backbone.encode)
         hidden = self.embedding_norm(self.embeddings(batch.input_ids))
         # one cos/sin table per layer type, shared by its layers; computed here, not kept in buffers,
-        # since the loader fills only parameters
+        # since load_weights fills only parameters
         rotary = {
             kind: rotary_tables(batch.positions, self.head_dim, theta, hidden.dtype)
             for kind, theta in self.config.rope_thetas.items()

@@ -23,7 +23,7 @@ from engine.models.modernbert import ModernBertBackbone
 from engine.models.sparse import SpladeEncoder
 
 if TYPE_CHECKING:
-    from engine.loader import ModelSpec
+    from engine.spec import ModelSpec
 
 # the head an architecture's name ends in: "embed" pools the bare model, "classify" is a
 # sequence-classification head (cross-encoders), "judge" a causal LM's yes/no logits (rerankers)
@@ -144,7 +144,7 @@ def lookup(
 
 
 def spec_entry(spec: ModelSpec) -> ModelEntry:
-    """The packed family and head of a spec the loader read."""
+    """The packed family and head of a spec read_spec read."""
     return lookup(spec.architecture, spec.hf_config.model_type, judge=spec.logit_score is not None)
 
 

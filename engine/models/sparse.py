@@ -17,7 +17,7 @@ from engine.models.backbone import Backbone
 from engine.models.heads import Head
 
 if TYPE_CHECKING:
-    from engine.loader import WeightTargets
+    from engine.weights import WeightTargets
 
 # tokens whose vocabulary-wide logits are computed at once: bounds the head's memory (1,024 x 30,522 float32
 # is 125 MB) whatever the batch

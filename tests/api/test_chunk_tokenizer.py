@@ -10,7 +10,7 @@ import pytest
 
 from api.bulk.chunk_tokenizer import Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.errors import TokenizerFailed
-from engine.loader import resolve_model
+from engine.resolve import resolve_model
 
 WINDOW = 16
 TEXTS = ["a short text", "", "one " * 40, "ünïcödé and emoji 🙂 text", "a short text"]

@@ -15,6 +15,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from engine.config import EngineConfig
 from engine.replicas import ReplicaSet
+from engine.source import ModelSource
 
 TOLERANCE = 1e-5
 CHUNKS = [
@@ -74,14 +75,14 @@ def test_a_document_past_the_window_is_read_in_passes_at_chunk_borders(minilm_pa
 
 def test_replicas_pool_spans_as_the_engine_in_process(minilm_tokenizer):
     from engine.build import build_engine
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     ids = [encoding.ids for encoding in minilm_tokenizer.encode_batch(CHUNKS * 3, add_special_tokens=False)]
     sequences = [[101, *sum(ids[i : i + 4], []), 102] for i in range(0, 12, 4)]
     spans = [None, [1, 5, 9], [3]]
     config = EngineConfig(max_batch_tokens=256, max_queue_tokens=10**5, dtype="float32")
     engine = build_engine(resolve_model(None), config)
-    replica_set = ReplicaSet(None, 2, config)
+    replica_set = ReplicaSet(ModelSource(), 2, config)
     replica_set.start()
 
     async def both():

@@ -15,8 +15,9 @@ from api.config import ServerConfig
 from benchmarks.token_checkpoints import listwise_checkpoint, listwise_reference
 from engine.build import build_engine
 from engine.config import EngineConfig
-from engine.loader import resolve_model
 from engine.replicas import ReplicaSet
+from engine.resolve import resolve_model
+from engine.source import ModelSource
 from scoring.listwise import ListwisePrompt, _blocks
 
 TOLERANCE = 1e-5
@@ -187,7 +188,7 @@ def test_replica_processes_give_the_marker_rows_of_the_engine_in_process(folder,
     prompts = [tokenizer.encode(reference_prompt(QUERY, DOCUMENTS[:n])).ids for n in (1, 3, 5, 2)]
     config = EngineConfig(max_batch_tokens=2048, max_queue_tokens=10**5, dtype="float32")
     engine = build_engine(resolve_model(str(folder)), config)
-    replica_set = ReplicaSet(str(folder), 2, config)
+    replica_set = ReplicaSet(ModelSource(str(folder)), 2, config)
     replica_set.start()
 
     async def both():

@@ -8,7 +8,7 @@ import pytest
 
 from api.errors import InputTooLong
 from api.tokenize import INLINE_TOKENIZE_CHARS, MAX_CHARS_PER_TOKEN, TextEncoder
-from engine.loader import resolve_model
+from engine.resolve import resolve_model
 
 WORDS = "the cat sat on a mat while stocks fell and rain came down over the quiet harbour".split()
 

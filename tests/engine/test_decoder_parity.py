@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import WeightLoadError
-from engine.loader import resolve_model
+from engine.resolve import resolve_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_qwen3_parity import (
     VOCAB_SIZE,
@@ -176,7 +176,8 @@ def test_real_shapes_in_bf16_on_cuda_match_the_fp32_reference(gpu_decoder, backe
     from engine.attention import select_backend
     from engine.config import EngineConfig
     from engine.errors import AttentionBackendUnavailable
-    from engine.loader import load_model, resolve_model
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
     from tests.engine.graph_runs import run_three_times
 
     folder, sequences, expected = gpu_decoder

@@ -20,7 +20,8 @@ from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_bert_parity import TEXTS
 from tests.engine.test_dense_parity import with_dense

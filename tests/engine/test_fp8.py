@@ -92,7 +92,8 @@ def test_a_gpu_without_fp8_tensor_cores_is_refused(monkeypatch):
 
 def test_a_bert_model_runs_its_four_projections_a_layer_in_fp8(minilm_path):
     from engine.attention import select_backend
-    from engine.loader import load_model, resolve_model
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
 
     spec = resolve_model(str(minilm_path))
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"), "fp8")
@@ -103,7 +104,8 @@ def test_a_bert_model_runs_its_four_projections_a_layer_in_fp8(minilm_path):
 def test_the_transformers_fallback_and_unknown_names_are_refused(minilm_path):
     from dataclasses import replace
 
-    from engine.loader import load_model, resolve_model
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
 
     spec = replace(resolve_model(str(minilm_path)), implementation="transformers")
     with pytest.raises(QuantizationUnavailable, match="families posy packs"):
@@ -122,7 +124,8 @@ def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_
     cosine of 0.99 to float32's."""
     from engine.attention import select_backend
     from engine.batch import pack
-    from engine.loader import load_model, resolve_model
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
     from tests.engine.test_qwen3_parity import save_random_qwen3
 
     backend = select_backend("torch", "cpu")

@@ -15,7 +15,7 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.layers import add_norm, fp8, rms_norm, swiglu
 from engine.layers.fp8 import Fp8Linear, quantize_rows
-from engine.loader import resolve_model
+from engine.resolve import resolve_model
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,9 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
-from engine.loader import load_model, resolve_model
 from engine.models.decoder import DecoderBackbone
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from tests.engine.graph_runs import run_three_times
 
 pytestmark = pytest.mark.gpu

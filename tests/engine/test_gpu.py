@@ -14,7 +14,8 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 
 pytestmark = pytest.mark.gpu
 

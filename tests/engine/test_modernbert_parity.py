@@ -15,7 +15,8 @@ from tokenizers.models import WordLevel
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.errors import WeightLoadError
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 
 # with [CLS] and [SEP]; 64 is the model window. local_attention 8: a sliding layer's query sees 4 keys

@@ -14,7 +14,8 @@ from tokenizers.pre_tokenizers import Whitespace
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 
 SEQLENS = [1, 2, 17, 5, 40, 3, 64, 9]
 COSINE_TOLERANCE = 0.9999

@@ -15,11 +15,12 @@ from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
-from engine.loader import resolve_model
 from engine.prefixes import split_by_tokens
 from engine.replica_pool import _exception
 from engine.replica_protocol import Failure
 from engine.replicas import ReplicaSet
+from engine.resolve import resolve_model
+from engine.source import ModelSource
 
 # small batches, so that even a few hundred short texts make several chunks
 CONFIG = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=2048, max_queue_tokens=64 * 4096)
@@ -50,7 +51,7 @@ def expected(sequences):
 
 @pytest.fixture(scope="module")
 def replicas():
-    replica_set = ReplicaSet(None, 2, CONFIG)
+    replica_set = ReplicaSet(ModelSource(), 2, CONFIG)
     replica_set.start()
     yield replica_set
     replica_set.stop()

@@ -229,11 +229,12 @@ def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_pa
 
     from engine.config import EngineConfig
     from engine.replicas import ReplicaSet
+    from engine.source import ModelSource
 
     # a 128-token budget: 12 suffixes of 30 tokens after a 20-token prefix go as 4 chunks of 3, each
     # with the prefix once, through the gateway's pool and a replica process's rings
     save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
-    replicas = ReplicaSet(str(tmp_path), 1, EngineConfig(device="cpu", max_batch_tokens=128))
+    replicas = ReplicaSet(ModelSource(str(tmp_path)), 1, EngineConfig(device="cpu", max_batch_tokens=128))
     replicas.start()
     prefix = random_sequences((20,), seed=46)[0]
     suffixes = random_sequences([30] * 12, seed=47)
@@ -265,7 +266,7 @@ def test_rerank_with_a_judge_scores_chunked_documents_alike_shared_or_whole(tmp_
 
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
     from scoring.rerank import RerankModel, RerankOptions, rerank_scores
     from scoring.templates import QWEN3_JUDGE, SingleTemplate
 
@@ -321,7 +322,7 @@ def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
 def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.loader import resolve_model
+    from engine.resolve import resolve_model
 
     save_random_qwen3(tmp_path / "judge", "Qwen3ForCausalLM")
     save_random_qwen3(tmp_path / "bidirectional", "Qwen3Model", sentence_transformers="mean")
@@ -353,7 +354,8 @@ def cuda_judge(folder, backend_name, graphs=False):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from engine.errors import AttentionBackendUnavailable
-    from engine.loader import load_model, resolve_model
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
 
     save_random_qwen3(
         folder, "Qwen3ForCausalLM", hidden_size=256, num_attention_heads=16, num_key_value_heads=8,

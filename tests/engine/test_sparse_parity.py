@@ -11,8 +11,9 @@ from tokenizers import Tokenizer
 from benchmarks.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade_checkpoint
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.loader import load_model, resolve_model
 from engine.models import sparse as sparse_module
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from scoring.m3_rows import m3_outputs, unused_token_ids
 
 TOLERANCE = 1e-5

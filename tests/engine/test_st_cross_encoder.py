@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.errors import UnsupportedModel
-from engine.loader import resolve_model
+from engine.resolve import resolve_model
 from tests.engine.test_bert_parity import TEXTS
 from tests.engine.test_fallback import TOKENIZER_FILES, load
 

