@@ -44,6 +44,9 @@ class ModelSpec:
     name: str  # the id the user gave
     architecture: str
     hf_config: Any  # transformers.PretrainedConfig
+    # the family's own config (BertConfig, DecoderConfig, ModernBertConfig), parsed from hf_config once, as
+    # the spec runs it (a decoder's mask included); None for the transformers fallback
+    config: Any
     # "embed" | "score" | "token_embed" (ColBERT: a vector a token) | "sparse_embed" (SPLADE: vocabulary
     # weights a text)
     task: str
@@ -120,11 +123,17 @@ def read_spec(
         raise UnsupportedModel(
             f"model {name!r}: posy runs ColBERT, SPLADE and listwise heads on the families it packs"
         )
-    entry, implementation = None, "transformers"
+    # bidirectional as asked (--bidirectional, `is_causal: false`): an embedder of a family that can be; or
+    # as the model's own config has it (Gemma3's use_bidirectional_attention), any head
+    asked = bidirectional or getattr(hf_config, "is_causal", True) is False
+    entry, implementation, family_config = None, "transformers", None
     if model_impl != "transformers":
         try:
             entry = lookup(given, hf_config.model_type, run_bare, judge=logit_score_module)
-            entry.family.backbone.check(hf_config)  # a config value posy cannot honour
+            backbone = entry.family.backbone
+            causal = not (entry.family.decoder and (asked or backbone.config_bidirectional(hf_config)))
+            # the config parsed once into the family's own; a value posy cannot honour raises here
+            family_config = backbone.parse(hf_config, entry.architecture, causal)
             implementation = "posy"
         except UnsupportedModel as why:
             if model_impl == "posy" or token_head:
@@ -143,9 +152,6 @@ def read_spec(
         )
         if logit_score is not None and getattr(hf_config, "final_logit_softcapping", None) is not None:
             raise UnsupportedModel(f"model {name!r}: a judge of soft-capped LM logits is not supported")
-    # bidirectional as asked (--bidirectional, `is_causal: false`): an embedder of a family that can be; or
-    # as the model's own config has it (Gemma3's use_bidirectional_attention), any head
-    asked = bidirectional or getattr(hf_config, "is_causal", True) is False
     own = entry.family.backbone.config_bidirectional(hf_config)
     if entry.family.decoder and asked and not own and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
@@ -169,7 +175,7 @@ def read_spec(
                 f"model {name!r}: a Dense module takes {layer.in_features} features, not {size}"
             )
 
-    window = entry.family.backbone.window(hf_config)
+    window = entry.family.backbone.window(hf_config, family_config)
     if implementation == "transformers":
         # posy cannot tell where an unknown family's positions start (RoBERTa's and MPNet's after the pad
         # index): its tokenizer's limit, where it names one, keeps inputs inside the position table
@@ -197,6 +203,7 @@ def read_spec(
         name=name,
         architecture=architecture,
         hf_config=hf_config,
+        config=family_config,
         task=task,
         pooling=pooling,
         normalize=normalize,

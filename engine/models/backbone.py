@@ -82,17 +82,19 @@ class Backbone(nn.Module):
     config: Any
 
     @classmethod
+    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> Any:
+        """The family's own config from transformers' (read once, with the spec; `causal`: a decoder's
+        mask); UnsupportedModel for a value the family cannot honour, so that `--model-impl auto` can run
+        such a model through transformers instead."""
+        raise NotImplementedError
+
+    @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> Backbone:
         raise NotImplementedError
 
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         raise NotImplementedError
-
-    @classmethod
-    def check(cls, hf_config: Any) -> None:
-        """Raise UnsupportedModel for a config value the family cannot honour (read with the spec, so
-        that `--model-impl auto` can run such a model through transformers instead)."""
 
     @classmethod
     def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
@@ -105,8 +107,8 @@ class Backbone(nn.Module):
         return False
 
     @classmethod
-    def window(cls, hf_config: Any) -> int:
-        """The longest sequence the model takes, special tokens included."""
+    def window(cls, hf_config: Any, config: Any) -> int:
+        """The longest sequence the model takes, special tokens included (`config`: parse's, or None)."""
         return hf_config.max_position_embeddings
 
     def classifier_layout(self) -> ClassifierLayout:

@@ -278,24 +278,23 @@ class BertBackbone(Backbone):
                 layer.up.quantize_output = isinstance(layer.down, Fp8Linear)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:
-        return cls(BertConfig.from_hf(spec.hf_config), attention_backend)
+    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> BertConfig:
+        return BertConfig.from_hf(hf_config)
 
     @classmethod
-    def check(cls, hf_config: Any) -> None:
-        BertConfig.from_hf(hf_config)
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:
+        return cls(spec.config, attention_backend)
 
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
-        config = BertConfig.from_hf(spec.hf_config)
+        config = spec.config
         head_dim = config.hidden_size // config.num_heads
         bias = config.num_buckets > 0
         return AttentionShape(config.num_heads, config.num_heads, head_dim, position_bias=bias)
 
     @classmethod
-    def window(cls, hf_config: Any) -> int:
+    def window(cls, hf_config: Any, config: BertConfig) -> int:
         """The longest sequence the position table holds, past the rows before the first position."""
-        config = BertConfig.from_hf(hf_config)
         return config.max_position_embeddings - config.position_offset
 
     def classifier_layout(self) -> ClassifierLayout:

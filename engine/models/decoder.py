@@ -306,12 +306,12 @@ class DecoderBackbone(Backbone):
             layer.mlp.quantize = isinstance(layer.mlp.down, Fp8Linear)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:
-        return cls(DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional), attention_backend)
+    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> DecoderConfig:
+        return DecoderConfig.from_hf(hf_config, causal)
 
     @classmethod
-    def check(cls, hf_config: Any) -> None:
-        DecoderConfig.from_hf(hf_config, causal=True)
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:
+        return cls(spec.config, attention_backend)
 
     @classmethod
     def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
@@ -329,11 +329,11 @@ class DecoderBackbone(Backbone):
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         """With the sliding layers' window, for choosing an attention backend that has one."""
-        config = DecoderConfig.from_hf(spec.hf_config, causal=not spec.bidirectional)
+        config = spec.config
         return AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim, config.window)
 
     @classmethod
-    def window(cls, hf_config: Any) -> int:
+    def window(cls, hf_config: Any, config: DecoderConfig) -> int:
         """The position table's length; with a sliding window (Mistral), at most the window, which a
         causal query then never reaches past."""
         window = hf_config.max_position_embeddings

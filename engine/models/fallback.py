@@ -135,7 +135,7 @@ class TransformersBackbone(Backbone):
         self.config = model.config
 
     @classmethod
-    def window(cls, hf_config: Any) -> int:
+    def window(cls, hf_config: Any, config: Any = None) -> int:
         return getattr(hf_config, "max_position_embeddings", None) or DEFAULT_WINDOW
 
     def encode(

@@ -160,17 +160,17 @@ class ModernBertBackbone(Backbone):
         self.final_norm = config.layer_norm()
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> ModernBertBackbone:
-        return cls(ModernBertConfig.from_hf(spec.hf_config, spec.architecture), attention_backend)
+    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> ModernBertConfig:
+        return ModernBertConfig.from_hf(hf_config, architecture)
 
     @classmethod
-    def check(cls, hf_config: Any) -> None:
-        ModernBertConfig.from_hf(hf_config, hf_config.model_type)
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> ModernBertBackbone:
+        return cls(spec.config, attention_backend)
 
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
         """With the sliding layers' window, for choosing an attention backend that has one."""
-        config = ModernBertConfig.from_hf(spec.hf_config, spec.architecture)
+        config = spec.config
         head_dim = config.hidden_size // config.num_heads
         has_sliding = "sliding_attention" in config.layer_types
         window = (config.half_window, config.half_window) if has_sliding else None
