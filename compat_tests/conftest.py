@@ -70,7 +70,9 @@ def server_env() -> dict[str, str]:
 
 
 class ServerFactory:
-    """Starts one `python -m api serve` per distinct flag set and keeps it for the session."""
+    """Starts one `python -m api serve` per distinct flag set and keeps it until the end of the test module
+    that started it (module_servers): each holds about 1 GB, and 24 GiB held some 25 of them at once, which
+    left Ray's test no memory. The session's default server (no flags) stays for the session."""
 
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
@@ -89,6 +91,15 @@ class ServerFactory:
             if key in self._failures:
                 pytest.fail(self._failures[key], pytrace=False)
         return self._servers[key]
+
+    def started(self) -> set[tuple[str, ...]]:
+        """The flag sets of the servers running now."""
+        return set(self._servers)
+
+    def stop_all_but(self, kept: set[tuple[str, ...]]) -> None:
+        """Stop every server but those of `kept` flag sets and the default one."""
+        for key in [key for key in self._servers if key not in kept and key != ()]:
+            self._servers.pop(key).stop()
 
     def close(self) -> None:
         for server in self._servers.values():
@@ -157,6 +168,14 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerF
     factory = ServerFactory(tmp_path_factory.mktemp("posy-servers"))
     yield factory
     factory.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_servers(server_factory: ServerFactory) -> Iterator[None]:
+    """A module's servers stop when it ends (after its own fixtures, which set up after this one)."""
+    before = server_factory.started()
+    yield
+    server_factory.stop_all_but(before)
 
 
 @pytest.fixture(scope="session")

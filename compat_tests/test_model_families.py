@@ -69,11 +69,11 @@ class Served:
         return np.asarray(vector, dtype=np.float32)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def serve(
     server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[Family], Served]:
-    """One checkpoint and one live server per family, kept for the session."""
+    """One checkpoint and one live server per family, kept for the module."""
     served: dict[str, Served] = {}
 
     def serve(family: Family) -> Served:
@@ -88,12 +88,12 @@ def serve(
     return serve
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen3_embedding(serve) -> Served:
     return serve(QWEN3_EMBEDDING)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen3_reranker(serve) -> Served:
     return serve(QWEN3_RERANKER)
 
