@@ -138,7 +138,7 @@ class TextEncoder:
         MAX_CHARS_PER_TOKEN characters is tokenized in part first (its start, or its end with `keep_end`,
         cut at a space); where that part alone has more than room tokens (one more, as a margin at the
         cut), its ids decide."""
-        budget = (room + 2) * MAX_CHARS_PER_TOKEN
+        budget = char_budget(room)
         long = [index for index, text in enumerate(texts) if len(text) > budget]
         if not long:
             return [(ids, True) for ids in self.content_ids(texts)]
@@ -169,6 +169,19 @@ class TextEncoder:
                 ids = ids[:limit]
             checked.append(ids)
         return checked
+
+
+def char_budget(tokens: int) -> int:
+    """The characters that hold at least `tokens` tokens and one to spare at a cut (at MAX_CHARS_PER_TOKEN
+    a token)."""
+    return (tokens + 2) * MAX_CHARS_PER_TOKEN
+
+
+def cut_to_tokens(text: str, tokens: int) -> str:
+    """The text, or where it is longer than char_budget(tokens) its start cut at a space: its first
+    `tokens` tokens are the whole text's."""
+    budget = char_budget(tokens)
+    return cut_at_a_space(text, budget, keep_end=False) if len(text) > budget else text
 
 
 def cut_at_a_space(text: str, budget: int, keep_end: bool) -> str:

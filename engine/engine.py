@@ -331,12 +331,8 @@ class Engine:
         if self.row_tokens is not None:
             counts = (count_row_tokens(seq.token_ids, self.row_tokens) for seq in batch)
             row_starts = list(itertools.accumulate(counts, initial=0))
-        elif self.token_rows:  # a row a token, or a score a sequence against its query, which gives none
-            counts = (
-                (0 if seq.is_prefix else 1) if seq.is_prefix or seq.prefix_at >= 0 else len(seq.token_ids)
-                for seq in batch
-            )
-            row_starts = list(itertools.accumulate(counts, initial=0))
+        elif self.token_rows:
+            row_starts = list(itertools.accumulate(map(token_head_rows, batch), initial=0))
         elif in_flight.pooled_spans:
             row_starts = list(itertools.accumulate((num_spans(seq.spans) for seq in batch), initial=0))
         while start < len(batch):
@@ -360,3 +356,11 @@ class Engine:
     def _fail_queued(self) -> None:
         while batch := self.scheduler.next_batch(timeout=0):
             self._fail(batch, EngineStopped("the engine stopped before this request ran"))
+
+
+def token_head_rows(sequence: ScheduledSequence) -> int:
+    """A token head's rows of a sequence: a row a token; one, its score, where it is scored against a
+    query (its prefix); none for that query."""
+    if sequence.is_prefix:
+        return 0
+    return 1 if sequence.prefix_at >= 0 else len(sequence.token_ids)

@@ -27,7 +27,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
-from api.tokenize import MAX_CHARS_PER_TOKEN, cut_at_a_space
+from api.tokenize import cut_to_tokens
 from scoring.listwise import listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
@@ -105,15 +105,7 @@ def bounded_texts(query: str, texts: list[str], options: RerankOptions, window: 
     windows. Their first tokens are those of the whole text, and a 7 MB document costs no 7 MB of
     tokenization (issue 30's over-long inputs)."""
     document_tokens = options.max_tokens_per_doc or (options.max_chunks_per_doc or 1) * window
-    query_budget, document_budget = (
-        (tokens + 2) * MAX_CHARS_PER_TOKEN for tokens in (window, document_tokens)
-    )
-    if len(query) > query_budget:
-        query = cut_at_a_space(query, query_budget, keep_end=False)
-    return query, [
-        cut_at_a_space(text, document_budget, keep_end=False) if len(text) > document_budget else text
-        for text in texts
-    ]
+    return cut_to_tokens(query, window), [cut_to_tokens(text, document_tokens) for text in texts]
 
 
 def ranking(scores: np.ndarray, top_n: int | None) -> list[int]:

@@ -81,13 +81,13 @@ class TokenEmbedder(Head):
         # the output: token rows, then score rows, gathered in the sequences' order
         num_tokens = int(starts[-1] + lengths[-1])
         score_rows = F.pad(scores[:, None], (0, rows.shape[1] - 1))
-        queries = np.zeros(len(lengths), dtype=bool)
-        queries[against[scored]] = True
+        is_query = np.zeros(len(lengths), dtype=bool)
+        is_query[against[scored]] = True
         order = []
         for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
             if against[i] >= 0:
                 order.append(np.array([num_tokens + np.searchsorted(scored, i)]))
-            elif not queries[i]:
+            elif not is_query[i]:
                 order.append(np.arange(start, start + length))
         gather = torch.from_numpy(np.concatenate(order)).to(rows.device)
         return torch.cat([rows[:num_tokens], score_rows]).index_select(0, gather)
