@@ -15,7 +15,7 @@ from engine.cross_encoder import LogitScore, module_kinds, read_cross_encoder
 from engine.errors import ModelNotFound, UnsupportedModel
 from engine.models.dense import DenseLayout
 from engine.models.listwise import LISTWISE_ARCHITECTURES, ListwiseConfig, read_listwise
-from engine.models.registry import FALLBACK, MODEL_TYPES, fallback_entry, lookup
+from engine.models.registry import MODEL_TYPES, fallback_entry, lookup
 from engine.models.sparse import SpladeConfig
 from engine.sparse_encoder import is_m3_folder, is_splade_folder, read_splade
 
@@ -110,14 +110,15 @@ def read_spec(
         splade = read_splade(name, folder, modules or [])
     listwise = None
     if given in LISTWISE_ARCHITECTURES:
-        if not MODEL_TYPES.get(hf_config.model_type, (FALLBACK, ""))[0].decoder:
+        row = MODEL_TYPES.get(hf_config.model_type)
+        if row is None or not row.family.decoder:
             raise UnsupportedModel(f"model {name!r}: posy runs {given} on the decoders it packs")
         listwise = read_listwise(name, transformer_dir / "tokenizer.json")
     if (
         colbert is not None and modules is None or listwise is not None
     ) and hf_config.model_type in MODEL_TYPES:
         # colbert-ai's HF_ColBERT, a listwise ranker: its bare model under posy's head
-        given, run_bare = MODEL_TYPES[hf_config.model_type][1], True
+        given, run_bare = MODEL_TYPES[hf_config.model_type].bare, True
     token_head = colbert is not None or splade is not None or listwise is not None
     if token_head and model_impl == "transformers":
         raise UnsupportedModel(
@@ -131,9 +132,10 @@ def read_spec(
         try:
             entry = lookup(given, hf_config.model_type, run_bare, judge=logit_score_module)
             backbone = entry.family.backbone
-            causal = not (entry.family.decoder and (asked or backbone.config_bidirectional(hf_config)))
+            own = backbone.config_bidirectional(hf_config, entry.variant)
+            causal = not (entry.family.decoder and (asked or own))
             # the config parsed once into the family's own; a value posy cannot honour raises here
-            family_config = backbone.parse(hf_config, entry.architecture, causal)
+            family_config = backbone.parse(hf_config, entry.architecture, entry.variant, causal)
             implementation = "posy"
         except UnsupportedModel as why:
             if model_impl == "posy" or token_head:
@@ -152,7 +154,7 @@ def read_spec(
         )
         if logit_score is not None and getattr(hf_config, "final_logit_softcapping", None) is not None:
             raise UnsupportedModel(f"model {name!r}: a judge of soft-capped LM logits is not supported")
-    own = entry.family.backbone.config_bidirectional(hf_config)
+    own = entry.family.backbone.config_bidirectional(hf_config, entry.variant)
     if entry.family.decoder and asked and not own and not entry.can_be_bidirectional:
         raise UnsupportedModel(f"model {name!r}: {architecture} cannot run bidirectionally")
     bidirectional = entry.family.decoder and (asked or own)

@@ -50,7 +50,7 @@ def load_model(
                 "through transformers"
             )
         return load_fallback(spec, device, dtype)
-    spec_entry(spec).family.backbone.check_dtype(spec.hf_config, dtype)
+    spec_entry(spec).family.backbone.check_dtype(spec, dtype)
     with torch.device("meta"):
         model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill

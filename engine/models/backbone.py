@@ -82,10 +82,10 @@ class Backbone(nn.Module):
     config: Any
 
     @classmethod
-    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> Any:
-        """The family's own config from transformers' (read once, with the spec; `causal`: a decoder's
-        mask); UnsupportedModel for a value the family cannot honour, so that `--model-impl auto` can run
-        such a model through transformers instead."""
+    def parse(cls, hf_config: Any, architecture: str, variant: Any, causal: bool) -> Any:
+        """The family's own config from transformers' (read once, with the spec; `variant`: the registry
+        row's, `causal`: a decoder's mask); UnsupportedModel for a value the family cannot honour, so
+        that `--model-impl auto` can run such a model through transformers instead."""
         raise NotImplementedError
 
     @classmethod
@@ -97,11 +97,11 @@ class Backbone(nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
+    def check_dtype(cls, spec: ModelSpec, dtype: torch.dtype) -> None:
         """Raise UnsupportedModel where the model does not run in this dtype (Gemma3 in float16)."""
 
     @classmethod
-    def config_bidirectional(cls, hf_config: Any) -> bool:
+    def config_bidirectional(cls, hf_config: Any, variant: Any) -> bool:
         """The config itself makes the model bidirectional, every head of it (Gemma3's
         use_bidirectional_attention), not only an embedder asked to be."""
         return False

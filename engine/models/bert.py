@@ -120,14 +120,6 @@ MPNET = BertVariant(
     padding_index=1,
     relative_position_bias=True,
 )
-VARIANTS = {
-    "bert": BERT,
-    "roberta": ROBERTA,
-    "xlm-roberta": ROBERTA,
-    "camembert": ROBERTA,
-    "distilbert": DISTILBERT,
-    "mpnet": MPNET,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,16 +138,13 @@ class BertConfig:
     num_buckets: int  # of the relative position bias; 0: none
 
     @classmethod
-    def from_hf(cls, hf_config: Any) -> BertConfig:
+    def from_hf(cls, hf_config: Any, variant: BertVariant) -> BertConfig:
         model_type = hf_config.model_type
         embedding_type = getattr(hf_config, "position_embedding_type", "absolute")
-        if model_type not in VARIANTS:
-            raise UnsupportedModel(f"model type {model_type!r} is not of the BERT family")
         if embedding_type != "absolute":
             raise UnsupportedModel(f"{model_type}: unsupported position_embedding_type {embedding_type!r}")
         if hf_config.hidden_size % hf_config.num_attention_heads:
             raise UnsupportedModel(f"{model_type}: hidden_size is not a multiple of num_attention_heads")
-        variant = VARIANTS[model_type]
 
         def setting(name: str) -> Any:
             return getattr(hf_config, variant.config_names.get(name, name))
@@ -278,8 +267,8 @@ class BertBackbone(Backbone):
                 layer.up.quantize_output = isinstance(layer.down, Fp8Linear)
 
     @classmethod
-    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> BertConfig:
-        return BertConfig.from_hf(hf_config)
+    def parse(cls, hf_config: Any, architecture: str, variant: BertVariant, causal: bool) -> BertConfig:
+        return BertConfig.from_hf(hf_config, variant)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> BertBackbone:

@@ -67,7 +67,6 @@ GEMMA3 = DecoderVariant(
     bidirectional="use_bidirectional_attention",
     float16=False,
 )
-VARIANTS = {"qwen3": QWEN3, "qwen2": QWEN2, "llama": LLAMA, "mistral": MISTRAL, "gemma3_text": GEMMA3}
 # HF activation names -> the gated activation (engine/layers/swiglu.py) that computes them
 GATE_ACTIVATIONS = {
     "silu": "silu",
@@ -105,12 +104,9 @@ class DecoderConfig:
     attention_scale: float | None  # None: 1 / sqrt(head_dim)
 
     @classmethod
-    def from_hf(cls, hf_config: Any, causal: bool) -> DecoderConfig:
+    def from_hf(cls, hf_config: Any, variant: DecoderVariant, causal: bool) -> DecoderConfig:
         """`causal` is the mask asked for; a variant with a `bidirectional` switch takes its config's."""
         model_type = hf_config.model_type
-        if model_type not in VARIANTS:
-            raise UnsupportedModel(f"model type {model_type!r} is not a packed decoder")
-        variant = VARIANTS[model_type]
         if getattr(hf_config, "use_sliding_window", False):
             raise UnsupportedModel(f"{model_type} with sliding-window layers is not supported")
         activation = getattr(hf_config, variant.activation, None)
@@ -306,25 +302,24 @@ class DecoderBackbone(Backbone):
             layer.mlp.quantize = isinstance(layer.mlp.down, Fp8Linear)
 
     @classmethod
-    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> DecoderConfig:
-        return DecoderConfig.from_hf(hf_config, causal)
+    def parse(cls, hf_config: Any, architecture: str, variant: DecoderVariant, causal: bool) -> DecoderConfig:
+        return DecoderConfig.from_hf(hf_config, variant, causal)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DecoderBackbone:
         return cls(spec.config, attention_backend)
 
     @classmethod
-    def check_dtype(cls, hf_config: Any, dtype: torch.dtype) -> None:
-        if dtype == torch.float16 and not VARIANTS[hf_config.model_type].float16:
+    def check_dtype(cls, spec: ModelSpec, dtype: torch.dtype) -> None:
+        if dtype == torch.float16 and not spec.config.variant.float16:
             raise UnsupportedModel(
-                f"{hf_config.model_type} does not run in float16: its activations overflow float16's range "
-                "(transformers runs it in bfloat16 or float32); use --dtype bfloat16 or float32"
+                f"{spec.hf_config.model_type} does not run in float16: its activations overflow float16's "
+                "range (transformers runs it in bfloat16 or float32); use --dtype bfloat16 or float32"
             )
 
     @classmethod
-    def config_bidirectional(cls, hf_config: Any) -> bool:
-        switch = VARIANTS.get(hf_config.model_type, QWEN3).bidirectional
-        return switch is not None and bool(getattr(hf_config, switch, False))
+    def config_bidirectional(cls, hf_config: Any, variant: DecoderVariant) -> bool:
+        return variant.bidirectional is not None and bool(getattr(hf_config, variant.bidirectional, False))
 
     @classmethod
     def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
@@ -337,9 +332,7 @@ class DecoderBackbone(Backbone):
         """The position table's length; with a sliding window (Mistral), at most the window, which a
         causal query then never reaches past."""
         window = hf_config.max_position_embeddings
-        if VARIANTS.get(hf_config.model_type, QWEN3).sliding_window and getattr(
-            hf_config, "sliding_window", None
-        ):
+        if config.variant.sliding_window and getattr(hf_config, "sliding_window", None):
             window = min(window, hf_config.sliding_window)
         return window
 

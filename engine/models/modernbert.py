@@ -160,7 +160,7 @@ class ModernBertBackbone(Backbone):
         self.final_norm = config.layer_norm()
 
     @classmethod
-    def parse(cls, hf_config: Any, architecture: str, causal: bool) -> ModernBertConfig:
+    def parse(cls, hf_config: Any, architecture: str, variant: None, causal: bool) -> ModernBertConfig:
         return ModernBertConfig.from_hf(hf_config, architecture)
 
     @classmethod

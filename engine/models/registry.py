@@ -1,16 +1,18 @@
-"""Which Backbone and head serve a checkpoint: its config's model_type names the family (aliases share
-one), its architecture's name the head; and the family's pooling where the model ships none."""
+"""Which Backbone, variant and head serve a checkpoint: one table keyed by its config's model_type gives
+the family (backbone, heads, default pooling), its bare model's name and the variant's switches the
+backbone parses the config with; the architecture's name gives the head."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.errors import UnsupportedModel
 from engine.layers.pooling import Pooler
+from engine.models import bert, decoder
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
 from engine.models.bge_m3 import M3Embedder
@@ -71,20 +73,33 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
-# model_type -> its family and the architecture name of its bare model
-MODEL_TYPES: dict[str, tuple[Family, str]] = {
-    "bert": (BERT, "BertModel"),
-    "roberta": (BERT, "RobertaModel"),
-    "xlm-roberta": (BERT, "XLMRobertaModel"),
-    "camembert": (BERT, "CamembertModel"),
-    "distilbert": (BERT, "DistilBertModel"),
-    "mpnet": (BERT, "MPNetModel"),
-    "modernbert": (MODERNBERT, "ModernBertModel"),
-    "qwen3": (QWEN3, "Qwen3Model"),
-    "qwen2": (DECODER, "Qwen2Model"),
-    "llama": (DECODER, "LlamaModel"),
-    "mistral": (DECODER, "MistralModel"),
-    "gemma3_text": (GEMMA3, "Gemma3TextModel"),
+
+
+@dataclass(frozen=True, slots=True)
+class ModelType:
+    """A row of the table: a model_type's family, the architecture name of its bare model, and the
+    variant record (bert.BertVariant, decoder.DecoderVariant) its backbone parses the config with; None
+    for a family without variants."""
+
+    family: Family
+    bare: str
+    variant: Any = None
+
+
+# the one table of what posy packs: model_type -> its row
+MODEL_TYPES: dict[str, ModelType] = {
+    "bert": ModelType(BERT, "BertModel", bert.BERT),
+    "roberta": ModelType(BERT, "RobertaModel", bert.ROBERTA),
+    "xlm-roberta": ModelType(BERT, "XLMRobertaModel", bert.ROBERTA),
+    "camembert": ModelType(BERT, "CamembertModel", bert.ROBERTA),
+    "distilbert": ModelType(BERT, "DistilBertModel", bert.DISTILBERT),
+    "mpnet": ModelType(BERT, "MPNetModel", bert.MPNET),
+    "modernbert": ModelType(MODERNBERT, "ModernBertModel"),
+    "qwen3": ModelType(QWEN3, "Qwen3Model", decoder.QWEN3),
+    "qwen2": ModelType(DECODER, "Qwen2Model", decoder.QWEN2),
+    "llama": ModelType(DECODER, "LlamaModel", decoder.LLAMA),
+    "mistral": ModelType(DECODER, "MistralModel", decoder.MISTRAL),
+    "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
 }
 
 
@@ -93,6 +108,7 @@ class ModelEntry:
     family: Family
     architecture: str  # as served: the bare model's name where sentence-transformers runs it bare
     head: str
+    variant: Any = None  # the model type's (ModelType.variant)
 
     @property
     def task(self) -> str:
@@ -130,14 +146,14 @@ def lookup(
     """The family and head of a checkpoint; `sentence_transformers`: its folder has modules.json;
     `judge`: a sentence-transformers LogitScore module makes any decoder's causal LM a judge."""
     if model_type in MODEL_TYPES:
-        family, bare = MODEL_TYPES[model_type]
-        prefix = bare.removesuffix("Model")
+        row = MODEL_TYPES[model_type]
+        family, prefix = row.family, row.bare.removesuffix("Model")
         name = ARCHITECTURE_ALIASES.get(architecture, architecture)
         if sentence_transformers and name.startswith(prefix) and name.endswith(RUN_BARE):
-            name = bare
+            name = row.bare
         head = HEAD_SUFFIXES.get(name.removeprefix(prefix)) if name.startswith(prefix) else None
         if head in family.heads or (judge and head == "judge" and family.decoder):
-            return ModelEntry(family, name, head)
+            return ModelEntry(family, name, head, row.variant)
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported; supported: {', '.join(supported())}"
     )
@@ -164,9 +180,9 @@ def fallback_entry(architecture: str, sentence_transformers: bool = False) -> Mo
 
 def supported() -> list[str]:
     names = []
-    for family, bare in MODEL_TYPES.values():
-        prefix = bare.removesuffix("Model")
-        names += [prefix + suffix for suffix, head in HEAD_SUFFIXES.items() if head in family.heads]
+    for row in MODEL_TYPES.values():
+        prefix = row.bare.removesuffix("Model")
+        names += [prefix + suffix for suffix, head in HEAD_SUFFIXES.items() if head in row.family.heads]
     return names
 
 
