@@ -395,8 +395,23 @@ def build_camembert(folder: Path) -> nn.Module:
     return save(folder, model, xlm_roberta_tokenizer())
 
 
-def camembert_positions_from_zero(folder: Path) -> nn.Module:
+def roberta_positions_from_zero(folder: Path) -> nn.Module:
     return PositionsFromZero(model_class(folder).from_pretrained(folder).eval())
+
+
+def build_distilroberta(folder: Path) -> nn.Module:
+    """all-distilroberta-v1: RobertaModel (positions after the pad id, one token type), mean-pooled and
+    normalized; its specials are RoBERTa's <s>=0, <pad>=1, </s>=2, <unk>=3, as this tokenizer's are."""
+    import transformers
+
+    config = transformers.RobertaConfig(
+        vocab_size=xlm_roberta_tokenizer().get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=128, max_position_embeddings=MAX_POSITIONS + 2,
+        type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, architectures=["RobertaModel"],
+    )  # fmt: skip
+    model = randomize(transformers.RobertaModel(config), 0.2)
+    write_sentence_transformers(folder, "mean", normalize=True)
+    return save(folder, model, xlm_roberta_tokenizer())
 
 
 def decoder_config(config_name: str, architecture: str, tokenizer: Tokenizer, **overrides):
@@ -784,8 +799,9 @@ class Family:
     min_tokens: int = 0  # every test text is longer than this (a ModernBERT sliding window)
     dimensions: int = HIDDEN  # of an embedder's vectors
 
-    def server_args(self, folder: Path) -> tuple[str, ...]:
-        return ("--model", str(folder), "--served-model-name", self.id, *CPU_FLOAT32)
+    def model_args(self, folder: Path) -> tuple[str, ...]:
+        """`posy serve`'s flags that serve the family's checkpoint under its id, beside others."""
+        return ("--model", str(folder), "--served-model-name", self.id)
 
 
 BGE_M3 = Family(
@@ -844,7 +860,11 @@ DISTILBERT_CROSS_ENCODER = Family(
 )  # fmt: skip
 CAMEMBERT = Family(
     "tiny-sentence-camembert", "dangvantuan/sentence-camembert-base", build_camembert, normalized_mean_vector,
-    ablated=camembert_positions_from_zero,
+    ablated=roberta_positions_from_zero,
+)  # fmt: skip
+DISTILROBERTA = Family(
+    "tiny-all-distilroberta", "sentence-transformers/all-distilroberta-v1", build_distilroberta,
+    normalized_mean_vector, ablated=roberta_positions_from_zero,
 )  # fmt: skip
 GTE_QWEN2 = Family(
     "tiny-gte-qwen2", "Alibaba-NLP/gte-Qwen2-1.5B-instruct", build_gte_qwen2, last_token_vector
@@ -908,6 +928,7 @@ EMBEDDERS = [
     GTE_MODERNBERT,
     MSMARCO_DISTILBERT,
     CAMEMBERT,
+    DISTILROBERTA,
     GTE_QWEN2,
     E5_MISTRAL,
     LABSE,

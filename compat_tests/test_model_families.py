@@ -1,6 +1,7 @@
-"""Each model family served end to end from a tiny random checkpoint (`posy serve --model <folder>`), and
-what the official SDKs get back checked against transformers on the same weights, fp32 on the CPU:
-"same vector" is cosine >= 0.9999 (SAME_VECTOR), scores agree within 1e-4 absolute."""
+"""Each model family served end to end from a tiny random checkpoint, all of them by one multi-model server
+(`posy serve --model <folder> --served-model-name <id> ...`), and what the official SDKs get back checked
+against transformers on the same weights, fp32 on the CPU: "same vector" is cosine >= 0.9999
+(SAME_VECTOR), scores agree within 1e-4 absolute. Every model type of posy's table is among them."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ import pytest
 from tokenizers import Tokenizer
 from torch import nn
 
+from engine.models.registry import MODEL_TYPES
+
 from .conftest import REPO_ROOT, ServerFactory, free_port, server_env
 from .contract import SAME_VECTOR, cohere_client, cosine
 from .families import (
+    CPU_FLOAT32,
     CROSS_ENCODERS,
     EMBEDDERS,
     JUDGE_INSTRUCTION,
@@ -51,6 +55,8 @@ DOCUMENTS = [
 ]
 CUSTOM_INSTRUCTION = "Given a product question, find the customer review that answers it"
 UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
+# what the one server serves: every generic family, and the families with tests of their own
+SERVED = [*EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER]
 
 
 @dataclass(slots=True)
@@ -70,20 +76,20 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def serve(
-    server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[Family], Served]:
-    """One checkpoint and one live server per family, kept for the module."""
-    served: dict[str, Served] = {}
+def serve(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Served]:
+    """Every family's checkpoint, and one live server of all of them, kept for the module; `alone`: a
+    server of the family's model only, for TEI's routes, which name no model (they take the first that
+    can do the task)."""
+    folders = {family.id: tmp_path_factory.mktemp(family.id) for family in SERVED}
+    references = {family.id: family.build(folders[family.id]) for family in SERVED}
+    models = [arg for family in SERVED for arg in family.model_args(folders[family.id])]
+    server = server_factory(*models, *CPU_FLOAT32)
 
-    def serve(family: Family) -> Served:
-        if family.id not in served:
-            folder = tmp_path_factory.mktemp(family.id)
-            reference = family.build(folder)
-            server = server_factory(*family.server_args(folder))
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            served[family.id] = Served(family, folder, server.url, reference, tokenizer)
-        return served[family.id]
+    def serve(family: Family, alone: bool = False) -> Served:
+        folder = folders[family.id]
+        url = server_factory(*family.model_args(folder), *CPU_FLOAT32).url if alone else server.url
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return Served(family, folder, url, references[family.id], tokenizer)
 
     return serve
 
@@ -211,10 +217,17 @@ def test_models_list_describes_the_family(serve, family, tasks, matryoshka):
     with httpx.Client(timeout=60.0, trust_env=False) as client:
         response = client.get(f"{served.url}/v1/models")
     assert response.status_code == 200, response.text
-    [model] = response.json()["data"]
+    [model] = [model for model in response.json()["data"] if model["id"] == family.id]
     assert (model["id"], model["tasks"], model["matryoshka"]) == (family.id, tasks, matryoshka)
     assert model["dimensions"] == (family.dimensions if "embed" in tasks else None)
     assert model["max_model_len"] == MAX_POSITIONS
+
+
+def test_every_model_type_posy_packs_is_served_by_a_family(serve):
+    """A row added to the model table (engine/models/registry.py) needs a family here to be tested."""
+    configs = [json.loads((serve(family).folder / "config.json").read_text()) for family in SERVED]
+    served = {config["model_type"] for config in configs}
+    assert set(MODEL_TYPES) <= served, sorted(set(MODEL_TYPES) - served)
 
 
 # Qwen3-Embedding: its tokenizer's <|endoftext|>, its prompts, Matryoshka dimensions, rerank by cosine
@@ -288,11 +301,12 @@ def test_qwen3_reranker_scores_are_the_model_cards_p_yes(qwen3_reranker, version
     assert_ranked_as(cohere_ranked(response), judge_expected(qwen3_reranker))
 
 
-def test_qwen3_reranker_tei_rerank_gives_the_same_scores(qwen3_reranker):
-    response = post(qwen3_reranker, "/rerank", {"query": QUERY, "texts": DOCUMENTS})
+def test_qwen3_reranker_tei_rerank_gives_the_same_scores(serve):
+    served = serve(QWEN3_RERANKER, alone=True)
+    response = post(served, "/rerank", {"query": QUERY, "texts": DOCUMENTS})
     assert response.status_code == 200, response.text
     ranked = [(item["index"], item["score"]) for item in response.json()]
-    assert_ranked_as(ranked, judge_expected(qwen3_reranker))
+    assert_ranked_as(ranked, judge_expected(served))
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -307,7 +321,7 @@ def test_a_logit_score_cross_encoder_scores_as_sentence_transformers_predicts(se
 def test_a_logit_score_cross_encoder_gives_the_log_odds_as_tei_raw_scores(serve):
     import torch
 
-    served = serve(LOGIT_SCORE_RERANKER)
+    served = serve(LOGIT_SCORE_RERANKER, alone=True)
     response = post(served, "/rerank", {"query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
     assert response.status_code == 200, response.text
     pairs = [(QUERY, document) for document in DOCUMENTS]
@@ -316,7 +330,8 @@ def test_a_logit_score_cross_encoder_gives_the_log_odds_as_tei_raw_scores(serve)
 
 
 @pytest.mark.parametrize("route", ["/v1/rerank", "/v2/rerank", "/rerank"])
-def test_qwen3_reranker_follows_the_request_instruction(qwen3_reranker, route):
+def test_qwen3_reranker_follows_the_request_instruction(serve, route):
+    qwen3_reranker = serve(QWEN3_RERANKER, alone=route == "/rerank")
     body = {"query": QUERY, "instruction": CUSTOM_INSTRUCTION}
     if route == "/rerank":
         response = post(qwen3_reranker, route, {**body, "texts": DOCUMENTS})
