@@ -1,13 +1,18 @@
 """DrainingServer: uvicorn with posy's SIGTERM drain. The first SIGTERM turns /ready to 503 and answers
-new work with 503 at once (load balancers notice), keeps the listener open for the grace period, then
-lets uvicorn close it and wait (bounded) for the admitted requests, which finish; then the lifespan
-stops the engines and the process exits 0. A second signal, or Ctrl-C, stops without the grace period."""
+new work with 503 at once (load balancers notice), each answer closing its connection, keeps the listener
+open for the grace period, then closes it, answers what open connections had sent by then, and lets
+uvicorn close the rest and wait (bounded) for the admitted requests, which finish; then the lifespan stops
+the engines and the process exits 0. A second signal, or Ctrl-C, stops without the grace period."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import signal
+import socket
 import threading
+import time
 from types import FrameType
 
 import uvicorn
@@ -15,6 +20,11 @@ import uvicorn
 from api.server import Server
 
 logger = logging.getLogger(__name__)
+# once the listener is closed, how long open connections get to have what they sent read (and answered)
+# before uvicorn closes those that are idle: a request sent on an idle connection as it closes is lost
+# ("server disconnected")
+SETTLE_S = 0.5
+SETTLE_POLL_S = 0.02
 
 
 class DrainingServer(uvicorn.Server):
@@ -35,6 +45,54 @@ class DrainingServer(uvicorn.Server):
         self._timer = threading.Timer(self.grace_s, setattr, (self, "should_exit", True))
         self._timer.daemon = True
         self._timer.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.posy.draining:
+            loop = asyncio.get_running_loop()
+            for connection in self._close_listeners(sockets):
+                await loop.connect_accepted_socket(self._protocol, connection)
+            await self._settle()
+        await super().shutdown(sockets)
+
+    def _close_listeners(self, sockets: list[socket.socket] | None) -> list[socket.socket]:
+        """Close the listeners, first taking the connections the kernel had queued on them (which their
+        close would reset, requests and all); no await between the two, so nothing else queues."""
+        queued: list[socket.socket] = []
+        for server in self.servers:
+            for listener in server.sockets:
+                queued += accept_queued(listener.fileno())
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        return queued
+
+    def _protocol(self) -> asyncio.Protocol:
+        """A connection's protocol, as uvicorn's startup makes it for its listeners."""
+        return self.config.http_protocol_class(
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+
+    async def _settle(self) -> None:
+        """Until no connection is open (each drained answer closes its own) or SETTLE_S pass."""
+        deadline = time.monotonic() + SETTLE_S
+        while self.server_state.connections and time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
+
+
+def accept_queued(listener_fd: int) -> list[socket.socket]:
+    """Every connection queued on a listening (non-blocking) socket, accepted."""
+    listener = socket.socket(fileno=os.dup(listener_fd))
+    listener.setblocking(False)
+    queued = []
+    try:
+        while True:
+            connection, _ = listener.accept()
+            connection.setblocking(False)
+            queued.append(connection)
+    except (BlockingIOError, InterruptedError):
+        return queued
+    finally:
+        listener.close()
 
 
 def run_server(

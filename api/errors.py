@@ -107,14 +107,18 @@ class Unauthorized(ApiError):
 
 
 class NotReady(ApiError):
-    """503 with a Retry-After: loading, draining, or no engine replica of a model running."""
+    """503 with a Retry-After: loading, draining, or no engine replica of a model running. `close`: the
+    server is draining, and the answer closes its connection (Connection: close), so that the client's
+    next request opens a new one, which the listener takes or refuses, and none is sent down a kept-alive
+    connection as the server closes it."""
 
     status_code = 503
     error_type = "service_unavailable"
 
-    def __init__(self, message: str, retry_after_s: int = 1):
+    def __init__(self, message: str, retry_after_s: int = 1, close: bool = False):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.close = close
 
 
 # a 503's Retry-After where no engine replica of a model runs: the seconds a restarted replica takes to
@@ -157,7 +161,8 @@ def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, d
     if isinstance(exc, Unauthorized):
         return exc.status_code, exc, {"WWW-Authenticate": "Bearer"}
     if isinstance(exc, NotReady):
-        return exc.status_code, exc, {"Retry-After": str(exc.retry_after_s)}
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return exc.status_code, exc, {**headers, "Connection": "close"} if exc.close else headers
     if isinstance(exc, ApiError):
         return exc.status_code, exc, {}
     if isinstance(exc, (ScoringError, SequenceTooLong)):

@@ -62,10 +62,10 @@ class Server:
         return f"no engine replica of {', '.join(down)} is running" if down else None
 
     def registry(self) -> ModelRegistry:
-        if self._registry is None or self.draining:
-            raise NotReady(
-                "the server is not ready" if self._registry is None else "the server is shutting down"
-            )
+        if self.draining:
+            raise NotReady("the server is shutting down", close=True)
+        if self._registry is None:
+            raise NotReady("the server is not ready")
         return self._registry
 
     def resolve(self) -> list[ModelSpec]:

@@ -1,8 +1,10 @@
 """SIGTERM under load on a live `python -m api serve`, in one process and with two gateway processes over
 two engine replicas: /ready turns 503 at once and new work gets 503 during the grace period, the admitted
 request finishes with all its vectors, and the server exits 0 within the grace period plus the shutdown
-timeout, leaving no process behind."""
+timeout, leaving no process behind; and no request a client sent as the port closed is lost to a reset.
+"""
 
+import collections
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from .conftest import REPO_ROOT, free_port, server_env
 
 GRACE_S = 3.0
 SHUTDOWN_TIMEOUT_S = 60.0
+CLIENTS = 8  # of each kind: keeping connections alive, and a new connection per request
 
 
 def wait_ready(url: str, process: subprocess.Popen) -> None:
@@ -79,6 +82,61 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
             process.kill()
             process.wait()
         log.close()
+
+
+@pytest.mark.parametrize(
+    "flags", [(), ("--api-workers", "2", "--replicas", "2")], ids=["one-process", "two-gateways"]
+)
+def test_requests_sent_as_the_port_closes_are_answered_not_reset(tmp_path, flags):
+    """Clients keep sending through the drain and the close: each request they sent gets an answer (a
+    200, or a 503 with Retry-After that closes its connection); the only failure is a refused connect,
+    which sent nothing."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "api", "serve", "--port", str(port), "--device", "cpu",
+        "--drain-grace", "1", *flags,
+    ]  # fmt: skip
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+    outcomes: collections.Counter = collections.Counter()
+    stop = threading.Event()
+
+    def client(keep_alive: bool) -> None:
+        limits = httpx.Limits(max_keepalive_connections=1 if keep_alive else 0)
+        with httpx.Client(base_url=url, timeout=30, limits=limits, trust_env=False) as http:
+            while not stop.is_set():
+                try:
+                    response = http.post("/v1/embeddings", json={"input": ["a short text"] * 4})
+                    headers = response.headers
+                    outcomes[response.status_code, headers.get("retry-after"), headers.get("connection")] += 1
+                except httpx.ConnectError as error:
+                    outcomes["refused" if "refused" in str(error) else repr(error)] += 1
+                    time.sleep(0.02)
+                except httpx.TransportError as error:
+                    outcomes[repr(error)] += 1
+
+    try:
+        wait_ready(url, process)
+        clients = [threading.Thread(target=client, args=(index % 2 == 0,)) for index in range(2 * CLIENTS)]
+        for thread in clients:
+            thread.start()
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=SHUTDOWN_TIMEOUT_S) == 0
+        time.sleep(0.5)  # clients now meet a closed port
+        stop.set()
+        for thread in clients:
+            thread.join(30)
+    finally:
+        stop.set()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+    expected = {(200, None, None), (503, "1", "close"), "refused"}
+    assert set(outcomes) <= expected, outcomes
+    assert all(outcomes[key] for key in expected), outcomes
 
 
 def alive(pid: int) -> bool:

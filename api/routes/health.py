@@ -21,7 +21,8 @@ def ready(server: NamedDependency[Server]) -> dict[str, str]:
     Retry-After while loading, draining or restarting."""
     reason = server.unready_reason()
     if reason is not None:
-        raise NotReady(reason, RESTART_RETRY_S if reason.startswith("no engine") else 1)
+        retry_after_s = RESTART_RETRY_S if reason.startswith("no engine") else 1
+        raise NotReady(reason, retry_after_s, close=reason == "draining")
     return {"status": "ready"}
 
 
