@@ -229,10 +229,13 @@ class Engine:
             request.expect_rows(lengths)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
-        self.scheduler.submit(
+        judged = self.scheduler.submit(
             QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix, spans),
             deadline,
         )
+        # (a request back before this line is not checked: it was far inside its estimate anyway)
+        if judged is not None and self.rate.checks(*judged):
+            request.checked_estimate_s = judged[0]
 
     def _loop(self) -> None:
         device = self.runner.device
@@ -343,6 +346,8 @@ class Engine:
             while end < len(batch) and batch[end].owner is owner:
                 end += 1
             owner.set_rows(batch[start].index, rows[row_starts[start] : row_starts[end]])
+            if owner.num_pending == 0 and owner.checked_estimate_s is not None:
+                self.rate.observe_request(owner.checked_estimate_s, finished - owner.submitted_at)
             start = end
 
     @staticmethod

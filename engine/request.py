@@ -28,7 +28,9 @@ class EngineOutput:
 class EngineRequest:
     """Rows arrive a batch's worth at a time on the engine's thread; the last ones call `done`."""
 
-    __slots__ = ("num_pending", "rows", "row_starts", "submitted_at", "started_at", "num_tokens")
+    __slots__ = (
+        "num_pending", "rows", "row_starts", "submitted_at", "started_at", "num_tokens", "checked_estimate_s"
+    )  # fmt: skip
 
     def __init__(self, num_seqs: int):
         self.num_pending = num_seqs  # rows still to come
@@ -37,6 +39,8 @@ class EngineRequest:
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.num_tokens = 0  # run so far, counted as batches launch
+        # the estimate it was admitted on, where its time is to be checked against it (ServiceRate.checks)
+        self.checked_estimate_s: float | None = None
 
     def is_cancelled(self) -> bool:
         return False

@@ -104,10 +104,12 @@ class Scheduler:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    def submit(self, request: QueuedRequest, deadline: float | None = None) -> None:
+    def submit(self, request: QueuedRequest, deadline: float | None = None) -> tuple[float, float] | None:
         """Queue one request's sequences together, or refuse them all with Overloaded. An empty queue
         admits any number of tokens, so a request larger than the queue still runs; `deadline`
-        (time.perf_counter) refuses work that would finish after it (BehindDeadline)."""
+        (time.perf_counter) refuses work that would finish after it (BehindDeadline): the rate's
+        estimate, stretched by its margin, must fit in ADMIT_SHARE of the time left. Returns (estimate,
+        time left) where the deadline was judged on an estimate."""
         if not request.lengths:
             raise ValueError("a request needs at least one sequence")
         num_tokens = request.remaining_tokens
@@ -116,14 +118,18 @@ class Scheduler:
                 raise EngineStopped("the engine is shutting down")
             if self._queue and self._queued_tokens + num_tokens > self.max_queue_tokens:
                 raise Overloaded(self._queued_tokens, self.max_queue_tokens)
+            judged = None
             if deadline is not None and self.rate is not None:
                 estimate = self.rate.seconds_for(self._queued_tokens + num_tokens)
                 left = deadline - time.perf_counter()
-                if estimate is not None and estimate > ADMIT_SHARE * left:
-                    raise BehindDeadline(estimate, left)
+                if estimate is not None:
+                    if estimate * self.rate.margin > ADMIT_SHARE * left:
+                        raise BehindDeadline(estimate * self.rate.margin, left)
+                    judged = estimate, left
             self._queue.append(request)
             self._queued_tokens += num_tokens
             self._condition.notify()
+        return judged
 
     def next_batch(self, timeout: float | None = None) -> list[ScheduledSequence]:
         """Wait up to `timeout` seconds (None: until work or stop) and pop the next batch;

@@ -1,5 +1,6 @@
 """ServiceRate: how fast an engine works through queued tokens, measured on its own recent batches, so
-that admission can say whether work queued now finishes before its deadline. Plain Python, no torch."""
+that admission can say whether work queued now finishes before its deadline; and how far the requests it
+admitted overran their estimates, which admission then allows for. Plain Python, no torch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ NUM_BATCHES = 32  # the moving window
 # batches smaller than this share of max_batch_tokens are not measured: their time is mostly the fixed
 # cost of a step, and a rate taken from them would refuse large work that fits
 MIN_BATCH_SHARE = 1 / 8
+# the admitted requests whose time is checked against the estimate they were admitted on: those whose
+# estimate took at least CHECKED_SHARE of the time they had left (below it, a step's fixed cost and the
+# batch on the device outweigh the rate, and the deadline hardly decided their admission)
+NUM_REQUESTS = 64
+CHECKED_SHARE = 0.25
+# the margin: this quantile of their time over their estimate (a batch's time varies with what else runs
+# on the host: the HTTP server, tokenizers, other replicas), at least 1 and at most MAX_MARGIN, so that
+# requests large enough to be checked are still admitted and the margin follows the host back down
+MARGIN_QUANTILE = 0.95
+MAX_MARGIN = 2.0
+# until this many requests were checked the margin is MAX_MARGIN: a server's first burst of requests
+# (tokenized all at once, beside the engine) overran estimates the most, by 2.5 times on 2 CPU cores
+MIN_CHECKED = 8
 
 
 class ServiceRate:
@@ -24,6 +38,8 @@ class ServiceRate:
         self._batches: deque[tuple[int, float]] = deque(maxlen=NUM_BATCHES)
         self._totals = (0, 0.0)
         self._last_batch_s = 0.0
+        self._overruns: deque[float] = deque(maxlen=NUM_REQUESTS)
+        self.margin = MAX_MARGIN  # what admission multiplies an estimate by (set by the engine's thread)
         self._lock = threading.Lock()
         # when the batch now on the device was launched (time.perf_counter); None while idle. Set by
         # the engine's thread
@@ -50,6 +66,21 @@ class ServiceRate:
             self._batches.append((num_tokens, busy_s))
             self._totals = (tokens + num_tokens, seconds + busy_s)
             self._last_batch_s = busy_s
+
+    @staticmethod
+    def checks(estimate_s: float, left_s: float) -> bool:
+        """Whether a request admitted on `estimate_s` with `left_s` to its deadline is to be checked."""
+        return estimate_s >= CHECKED_SHARE * left_s
+
+    def observe_request(self, estimate_s: float, actual_s: float) -> None:
+        """A checked request is back `actual_s` after its admission on `estimate_s` (the engine's
+        thread)."""
+        self._overruns.append(actual_s / estimate_s)
+        if len(self._overruns) < MIN_CHECKED:
+            return
+        ranked = sorted(self._overruns)
+        quantile = ranked[min(len(ranked) - 1, int(MARGIN_QUANTILE * len(ranked)))]
+        self.margin = min(MAX_MARGIN, max(1.0, quantile))
 
     @property
     def seconds_per_token(self) -> float | None:

@@ -88,7 +88,8 @@ def test_a_burst_beyond_the_timeout_gets_only_200s_and_429s(served):
     answers = client.blocking_portal.call(burst)
     statuses = [status for status, _, _ in answers]
     assert set(statuses) == {200, 429}, statuses
-    assert 3 <= statuses.count(200) <= 12  # about 0.9 s of work, at the measured rate
+    # 0.45 to 0.9 s of work at the measured rate (its estimates stretched by up to twice, the margin)
+    assert 3 <= statuses.count(200) <= 12
     assert all(int(headers[b"retry-after"]) >= 1 for status, headers, _ in answers if status == 429)
     assert max(seconds for status, _, seconds in answers if status == 200) < TIMEOUT_S
 

@@ -1,6 +1,7 @@
 """Admission by time, with a stand-in model of known speed (a step sleeps 0.1 ms a token): the engine
 measures its rate, refuses (BehindDeadline, with Retry-After from its estimate) work that the queue
-could not finish before the request's deadline, admits what it can, and what it admits finishes in time."""
+could not finish before the request's deadline, admits what it can, and what it admits finishes in time;
+estimates are stretched by how far admitted requests overran theirs, cautiously until it has seen some."""
 
 import asyncio
 import time
@@ -10,7 +11,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import BehindDeadline
-from engine.service_rate import ServiceRate
+from engine.scheduler import ADMIT_SHARE, QueuedRequest, Scheduler
+from engine.service_rate import MAX_MARGIN, MIN_CHECKED, ServiceRate
 from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
@@ -71,6 +73,59 @@ def test_before_any_measurement_work_is_admitted_by_tokens_only():
         output = await engine.enqueue([[1] * 10], None, time.perf_counter() + 0.001)
         assert output.rows.shape == (1, 4)
         assert engine.estimate_seconds(1000) is None  # a 10-token batch measures nothing
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.stop()
+
+
+def test_the_margin_is_cautious_at_first_then_what_checked_requests_overran():
+    rate = ServiceRate(max_batch_tokens=1000)
+    assert rate.margin == MAX_MARGIN
+    assert rate.checks(1.0, 4.0) and not rate.checks(0.5, 4.0)  # a quarter of the time left, at least
+    for _ in range(MIN_CHECKED - 1):
+        rate.observe_request(1.0, 1.3)
+    assert rate.margin == MAX_MARGIN  # too few to go by
+    rate.observe_request(1.0, 1.3)
+    assert rate.margin == pytest.approx(1.3)
+    for _ in range(100):  # requests back sooner than estimated never shrink an estimate
+        rate.observe_request(1.0, 0.5)
+    assert rate.margin == 1.0
+    for _ in range(10):  # a few overran by far: the quantile follows them, up to MAX_MARGIN
+        rate.observe_request(1.0, 5.0)
+    assert rate.margin == MAX_MARGIN
+
+
+def test_the_scheduler_refuses_what_fits_only_without_the_margin():
+    rate = ServiceRate(max_batch_tokens=1000)
+    rate.observe(1000, 0.1)  # 0.1 ms a token
+    scheduler = Scheduler(1000, 64, 10**6, rate)
+    left = 1.0
+    fits_alone = int(ADMIT_SHARE * left / 1e-4 / MAX_MARGIN) - 100  # tokens the margin still admits
+    judged = scheduler.submit(QueuedRequest([[1] * fits_alone]), time.perf_counter() + left)
+    assert judged is not None and judged[0] == pytest.approx(fits_alone * 1e-4)
+    assert judged[1] == pytest.approx(left, abs=0.01)
+    # 0.2 s more: inside the time left at the bare rate, not with the margin's
+    with pytest.raises(BehindDeadline):
+        scheduler.submit(QueuedRequest([[1] * 2000]), time.perf_counter() + left)
+    for _ in range(MIN_CHECKED):
+        rate.observe_request(1.0, 1.0)  # estimates held: the margin is 1
+    assert scheduler.submit(QueuedRequest([[1] * 2000]), time.perf_counter() + left) is not None
+
+
+def test_the_engine_checks_its_admitted_requests_against_their_estimates():
+    engine = Engine(TimedRunner(SECONDS_PER_TOKEN), CONFIG)
+    engine.start()
+
+    async def main():
+        await engine.run([[1] * 1000])  # measured
+        assert engine.rate.margin == MAX_MARGIN
+        # requests whose estimate (0.1 s) is over a quarter of their 0.3 s: checked; at a steady speed
+        # they come back about when estimated, and the margin falls to about 1
+        for _ in range(MIN_CHECKED + 2):
+            await engine.enqueue([[1] * 1000], None, time.perf_counter() + 0.3)
+        assert 1.0 <= engine.rate.margin < 1.5
 
     try:
         asyncio.run(asyncio.wait_for(main(), 30))
