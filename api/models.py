@@ -110,8 +110,9 @@ def listwise_model(
 
 
 class DenseView:
-    """bge-m3's engine as a dense embedder: each sequence's dense vector from its rows (the first), so that
-    every embedding and rerank route serves it as it serves any embedder."""
+    """bge-m3's engine as a dense embedder: each sequence's first row only, which holds its dense vector
+    (its other rows never leave the device), so that every embedding and rerank route serves it as it
+    serves any embedder."""
 
     def __init__(self, engine: Engine | ReplicaPool):
         self.inner = engine
@@ -126,9 +127,9 @@ class DenseView:
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
     ) -> asyncio.Future[EngineOutput]:
-        work = self.inner.enqueue(token_ids, token_type_ids, deadline, prefix)
+        work = self.inner.enqueue(token_ids, token_type_ids, deadline, prefix, first_rows=True)
         # a task: cancelling it (a timeout, a client gone) cancels the engine's work too
-        return asyncio.ensure_future(self._dense(work, [len(ids) for ids in token_ids]))
+        return asyncio.ensure_future(self._dense(work))
 
     async def run(
         self,
@@ -139,9 +140,9 @@ class DenseView:
         return (await self.enqueue(token_ids, token_type_ids, prefix=prefix)).rows
 
     @staticmethod
-    async def _dense(work: asyncio.Future[EngineOutput], lengths: list[int]) -> EngineOutput:
+    async def _dense(work: asyncio.Future[EngineOutput]) -> EngineOutput:
         output = await work
-        return replace(output, rows=dense_vectors(output.rows, lengths))
+        return replace(output, rows=dense_vectors(output.rows))
 
 
 class ModelRegistry:

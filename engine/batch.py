@@ -32,6 +32,9 @@ class PackedBatch:
     # host [num_seqs] int64: the sequence of this batch each one is scored against (a ColBERT query, by
     # MaxSim), -1 for none; None: no sequence is (pack's `prefix_of` with `prefixes_scored`)
     scored_against: torch.Tensor | None = None
+    # host [num_rows] int64: the token rows a token head gives, in order, where some sequence gives its
+    # first row only (pack's `first_rows`); None: every token's. Taken after the forward (or the graph)
+    kept_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -53,6 +56,7 @@ class PackedBatch:
             pool_cu_seqlens=self.pool_cu_seqlens,
             row_index=None if self.row_index is None else self.row_index.pin_memory(),
             scored_against=self.scored_against,
+            kept_rows=None if self.kept_rows is None else self.kept_rows.pin_memory(),
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -67,6 +71,7 @@ class PackedBatch:
             pool_cu_seqlens=self.pool_cu_seqlens,  # likewise
             row_index=None if self.row_index is None else self.row_index.to(device, non_blocking=True),
             scored_against=self.scored_against,  # read on the host
+            kept_rows=self.kept_rows,  # the runner's, after the forward
         )
 
 
@@ -78,6 +83,7 @@ def pack(
     spans: Sequence[Sequence[int] | None] | None = None,
     row_tokens: Sequence[int] | None = None,
     prefixes_scored: bool = False,
+    first_rows: Sequence[bool] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
     (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
@@ -86,7 +92,9 @@ def pack(
     a tokenized text ends with a special token, never with it). `spans[i]` (None: none) are the token
     offsets inside sequence i where a new pooled span starts (late chunking). With `row_tokens`, the tokens
     of those ids give the rows (`row_index`). With `prefixes_scored`, a sequence's prefix is not a text it
-    continues but the query it is scored against (`scored_against`): each runs as a sequence of its own."""
+    continues but the query it is scored against (`scored_against`): each runs as a sequence of its own.
+    With `first_rows`, sequence i of a token head gives its first row only where first_rows[i]
+    (`kept_rows`)."""
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -101,6 +109,10 @@ def pack(
     positions = np.arange(num_tokens, dtype=np.int64)
     if len(lengths) > 1:
         positions -= np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    kept_rows = None
+    if first_rows is not None and any(first_rows):
+        dropped = np.repeat(np.asarray(first_rows, dtype=bool), lengths) & (positions > 0)
+        kept_rows = torch.from_numpy(np.flatnonzero(~dropped))
     prefixes = None if prefix_of is None else np.asarray(prefix_of, dtype=np.int64)
     if prefixes is not None:
         check_prefixes(prefixes, len(lengths))
@@ -131,6 +143,7 @@ def pack(
         pool_cu_seqlens=pool_cu_seqlens,
         row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
         scored_against=scored_against,
+        kept_rows=kept_rows,
     )
 
 

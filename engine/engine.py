@@ -174,15 +174,17 @@ class Engine:
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
         spans: Sequence[Sequence[int] | None] | None = None,
+        first_rows: bool = False,
     ) -> asyncio.Future[EngineOutput]:
         """Queue the sequences now (refusals raise here) and return the future of their output, no task
         in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
         refuses work the queue could not finish before it (BehindDeadline, a 429). With `prefix`, each
         sequence continues those tokens (where `runs_prefixes`): its row is that of prefix + sequence. With
         `spans` (where `pools_spans`), sequence i gives a row for each of its spans: it starts one, and
-        so does each offset in spans[i]."""
+        so does each offset in spans[i]. With `first_rows`, a token head gives each sequence's first row
+        only (bge-m3's dense vector): the rest never leave the device."""
         request = FutureRequest(len(token_ids), asyncio.get_running_loop())
-        self.submit(request, token_ids, token_type_ids, deadline, prefix, spans)
+        self.submit(request, token_ids, token_type_ids, deadline, prefix, spans, first_rows)
         return request.future
 
     def submit(
@@ -193,6 +195,7 @@ class Engine:
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
         spans: Sequence[Sequence[int] | None] | None = None,
+        first_rows: bool = False,
     ) -> None:
         """Queue a request from any thread, or raise (Overloaded, SequenceTooLong, EngineStopped,
         ValueError) before anything is queued."""
@@ -215,6 +218,9 @@ class Engine:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
+        plain = prefix is None and spans is None and self.row_tokens is None
+        if first_rows and not (self.token_rows and plain):
+            raise ValueError("first rows are a token head's, of sequences without a prefix or spans")
         if spans is not None:
             if not self.pools_spans or prefix is not None:
                 raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
@@ -225,12 +231,14 @@ class Engine:
             if min(counts) == 0:  # a request of no rows would never be answered
                 raise ValueError("every sequence of this model needs a token that gives a row")
             request.expect_rows(counts)
-        elif self.token_rows and prefix is None:  # with a prefix scored against: a row a sequence
-            request.expect_rows(lengths)
+        elif self.token_rows and prefix is None and not first_rows:
+            request.expect_rows(lengths)  # (with a prefix scored against, or first rows: a row a sequence)
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         judged = self.scheduler.submit(
-            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix, spans),
+            QueuedRequest(
+                token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix, spans, first_rows
+            ),
             deadline,
         )
         # (a request back before this line is not checked: it was far inside its estimate anyway)
@@ -303,6 +311,7 @@ class Engine:
                 [sequence.spans for sequence in batch] if self.pools_spans else None,
                 self.row_tokens,
                 self.scores_prefixes,
+                [sequence.first_row for sequence in batch] if self.token_rows else None,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -365,7 +374,7 @@ class Engine:
 
 def token_head_rows(sequence: ScheduledSequence) -> int:
     """A token head's rows of a sequence: a row a token; one, its score, where it is scored against a
-    query (its prefix); none for that query."""
+    query (its prefix), or its first row where it asked for that only; none for that query."""
     if sequence.is_prefix:
         return 0
-    return 1 if sequence.prefix_at >= 0 else len(sequence.token_ids)
+    return 1 if sequence.prefix_at >= 0 or sequence.first_row else len(sequence.token_ids)

@@ -203,7 +203,7 @@ class _Connection:
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
-            self.engine.submit(request, token_ids, token_types, deadline, prefix, spans)
+            self.engine.submit(request, token_ids, token_types, deadline, prefix, spans, run.first_rows)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)

@@ -70,6 +70,7 @@ class ReplicaLink:
         time_left_s: float | None,
         prefix: Sequence[int] | None = None,
         spans: Sequence[Sequence[int] | None] | None = None,
+        first_rows: bool = False,
     ) -> None:
         """Write the chunk's lengths, ids (and types, and the prefix its sequences continue) into the
         request ring and send its Run; `num_tokens`: its sequences' tokens."""
@@ -115,6 +116,7 @@ class ReplicaLink:
                 self.replies_read,
                 0 if prefix is None else len(prefix),
                 span_words,
+                first_rows,
             )
         )
 

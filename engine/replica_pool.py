@@ -57,6 +57,7 @@ class _Chunk:
     position: int  # in its request
     deadline: float | None
     spans: Sequence[Sequence[int] | None] | None = None  # its sequences' (Engine.enqueue's)
+    first_rows: bool = False  # Engine.enqueue's
     replica: int = -1
     attempts: int = 0
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
@@ -122,11 +123,12 @@ class ReplicaPool:
         deadline: float | None = None,
         prefix: Sequence[int] | None = None,
         spans: Sequence[Sequence[int] | None] | None = None,
+        first_rows: bool = False,
     ) -> asyncio.Future[EngineOutput]:
         """Send the request's chunks now and return the future of its output (the slowest chunk's queue
         and inference times, the tokens all ran); cancelling it cancels every chunk on its replica. With
         `prefix`, each chunk's sequences continue it (where the replicas run shared prefixes); `spans`, as
-        Engine.enqueue's, go with their sequences."""
+        Engine.enqueue's, go with their sequences; so does `first_rows`, to every chunk."""
         lengths = [len(ids) for ids in token_ids]
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
@@ -151,7 +153,7 @@ class ReplicaPool:
             num_tokens = sum(lengths[start:end]) + prefix_length
             chunk = _Chunk(
                 token_ids[start:end], types, prefix, num_tokens, request, len(request.chunks), deadline,
-                None if spans is None else spans[start:end],
+                None if spans is None else spans[start:end], first_rows,
             )  # fmt: skip
             request.chunks.append(chunk)
         request.parts = [None] * len(request.chunks)
@@ -237,7 +239,7 @@ class ReplicaPool:
         num_sequence_tokens = chunk.num_tokens - (0 if chunk.prefix is None else len(chunk.prefix))
         link.send_run(
             chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.prefix,
-            chunk.spans,
+            chunk.spans, chunk.first_rows,
         )  # fmt: skip
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:

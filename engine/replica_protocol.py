@@ -28,7 +28,7 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
     prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
     `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
-    boundaries (Engine.submit's `spans`); or the file `spill`."""
+    boundaries (Engine.submit's `spans`); or the file `spill`. `first_rows`: Engine.submit's."""
 
     id: int
     num_seqs: int
@@ -41,6 +41,7 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     replies_read: int = 0  # the gateway has read the reply ring up to here
     prefix_tokens: int = 0
     span_words: int = 0
+    first_rows: bool = False
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -31,6 +31,7 @@ class ScheduledSequence:
     prefix_at: int = -1
     is_prefix: bool = False
     spans: Sequence[int] | None = None  # where its pooled spans start (late chunking); None: one span
+    first_row: bool = False  # a token head gives its first row only, not a row a token (bge-m3's dense)
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +48,7 @@ class QueuedRequest:
     # the request runs them once, before the first of them
     prefix: Sequence[int] | None = None
     spans: Sequence[Sequence[int] | None] | None = None  # per sequence (ScheduledSequence.spans)
+    first_rows: bool = False  # every sequence's ScheduledSequence.first_row
     taken: int = 0  # sequences already in batches
     remaining_tokens: int = 0  # the prefix counted once, until a batch first takes it
 
@@ -70,7 +72,9 @@ class QueuedRequest:
         self.remaining_tokens -= self.lengths[index]
         types = self.token_type_ids[index] if self.token_type_ids is not None else None
         spans = self.spans[index] if self.spans is not None else None
-        return ScheduledSequence(self.token_ids[index], types, self.owner, index, spans=spans)
+        return ScheduledSequence(
+            self.token_ids[index], types, self.owner, index, spans=spans, first_row=self.first_rows
+        )
 
     @property
     def done(self) -> bool:

@@ -32,10 +32,9 @@ class M3Output:
     lexical: dict[int, float]
 
 
-def dense_vectors(rows: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
-    """[num_seqs, dim]: each text's dense vector, from its first row."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return rows[starts, :-1]
+def dense_vectors(first_rows: np.ndarray) -> np.ndarray:
+    """[num_seqs, dim]: each text's dense vector, from its first row (the engine's `first_rows`)."""
+    return np.ascontiguousarray(first_rows[:, :-1])
 
 
 def m3_outputs(

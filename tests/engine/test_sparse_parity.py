@@ -1,7 +1,10 @@
 """Sparse and multi-output heads against their reference packages, fp32 on the CPU, tiny random
 checkpoints: SPLADE against sentence-transformers' SparseEncoder (max and sum pooling; vocabulary weights
 within 1e-5), bge-m3 against FlagEmbedding's BGEM3FlagModel (dense and ColBERT vectors within 1e-5,
-lexical weights: the same token ids, weights within 1e-5)."""
+lexical weights: the same token ids, weights within 1e-5); and bge-m3's dense requests, which take only
+each text's first row off the device."""
+
+import asyncio
 
 import numpy as np
 import pytest
@@ -11,8 +14,11 @@ from tokenizers import Tokenizer
 from benchmarks.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade_checkpoint
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.build import build_engine
+from engine.config import EngineConfig
 from engine.models import sparse as sparse_module
 from engine.resolve import resolve_model
+from engine.runner import ModelRunner
 from engine.weights import load_model
 from scoring.m3_rows import m3_outputs, unused_token_ids
 
@@ -96,3 +102,49 @@ def test_bge_m3_outputs_match_flag_embedding(minilm_path, tmp_path):
         assert sorted(output.lexical) == sorted(lexical)
         for token, weight in lexical.items():
             assert abs(output.lexical[token] - weight) <= TOLERANCE
+
+
+def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_path, tmp_path):
+    """A request for first rows (bge-m3's dense vectors, as api.models.DenseView asks) gets a row a text:
+    each the first row of the text's whole output, in a batch beside a request for every token's rows,
+    and through two replica processes in chunks as in process."""
+    from engine.replicas import ReplicaSet
+    from engine.source import ModelSource
+
+    folder = m3_checkpoint(minilm_path, tmp_path / "m3")
+    spec = resolve_model(str(folder))
+    token_ids = encode(spec, TEXTS)
+    lengths = [len(ids) for ids in token_ids]
+    firsts = np.cumsum([0, *lengths[:-1]])
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    with torch.inference_mode():
+        whole = model(pack(token_ids)).numpy()
+    width = whole.shape[1]
+    mixed = ModelRunner(model, torch.device("cpu")).step(
+        pack(token_ids * 2, first_rows=[True] * len(TEXTS) + [False] * len(TEXTS))
+    )
+    mixed = mixed.result()
+    assert mixed.shape == (len(TEXTS) + sum(lengths), width)
+    np.testing.assert_allclose(mixed[: len(TEXTS)], whole[firsts], atol=TOLERANCE)
+    np.testing.assert_allclose(mixed[len(TEXTS) :], whole, atol=TOLERANCE)
+
+    config = EngineConfig(max_batch_tokens=128, max_queue_tokens=10**5, dtype="float32")
+    engine = build_engine(spec, config)
+    replica_set = ReplicaSet(ModelSource(str(folder)), 2, config)
+    replica_set.start()
+
+    async def both():
+        in_process = engine.enqueue(token_ids * 4, first_rows=True)
+        beside = engine.enqueue(token_ids)  # every token's rows, in the same batches
+        replicated = replica_set.pool.enqueue(token_ids * 4, first_rows=True)
+        return (await in_process).rows, (await beside).rows, (await replicated).rows
+
+    try:
+        in_process, beside, replicated = asyncio.run(asyncio.wait_for(both(), 120))
+    finally:
+        engine.stop()
+        replica_set.stop()
+    assert in_process.shape == replicated.shape == (4 * len(TEXTS), width)
+    np.testing.assert_allclose(in_process, np.tile(whole[firsts], (4, 1)), atol=TOLERANCE)
+    np.testing.assert_allclose(replicated, in_process, atol=TOLERANCE)
+    np.testing.assert_allclose(beside, whole, atol=TOLERANCE)
