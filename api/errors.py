@@ -59,6 +59,19 @@ class RequestTooLarge(InvalidInput):
         )
 
 
+class OutputTooLarge(InvalidInput):
+    """Token vectors (a vector a token) past what one response holds; TEI: 413, too large."""
+
+    tei_status_code = 413
+
+    def __init__(self, num_tokens: int, dim: int, max_floats: int):
+        super().__init__(
+            f"the request's token vectors would be {num_tokens} tokens x {dim} = {num_tokens * dim} floats, "
+            f"more than the {max_floats} one response holds; send fewer or shorter texts",
+            "input",
+        )
+
+
 class RequestTooLong(InvalidInput):
     """Work that would outlast --request-timeout even on an idle server (TEI: 413, too large)."""
 
