@@ -14,6 +14,14 @@ MAX_DOCUMENTS = 1000
 # tokens one request may send to the model after tokenization (rerank: all the pairs it scores);
 # 2048 inputs of 512 tokens, as many as the default GPU queue holds (64 x 16384)
 MAX_REQUEST_TOKENS = 1024 * 1024
+# the floats of token vectors one response holds (64 MiB as float32; as JSON lists, about 0.5 GB of
+# Python floats while it is encoded): at MAX_REQUEST_TOKENS, bge-m3's 1,024-wide token vectors would be
+# a billion, some 30 GB
+MAX_TOKEN_OUTPUT_FLOATS = 1 << 24
+# the floats of the engine rows behind one /embed_sparse request (256 MiB as float32): a SPLADE model's
+# rows are its vocabulary's weights, a text each (250,002 of them for an XLM-R vocabulary: 2 GB at 2,048
+# texts), bge-m3's a token each
+MAX_SPARSE_ROWS_FLOATS = 1 << 26
 REQUEST_TIMEOUT_S = 60.0
 DEFAULT_MAX_CHUNKS_PER_DOC = 10
 DEFAULT_MAX_TOKENS_PER_DOC = 4096

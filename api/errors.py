@@ -60,15 +60,15 @@ class RequestTooLarge(InvalidInput):
 
 
 class OutputTooLarge(InvalidInput):
-    """Token vectors (a vector a token) past what one response holds; TEI: 413, too large."""
+    """Outputs past what one request holds (a vector a token, a vocabulary's weights a text); TEI: 413."""
 
     tei_status_code = 413
 
-    def __init__(self, num_tokens: int, dim: int, max_floats: int):
+    def __init__(self, num_rows: int, rows_of: str, width: int, max_floats: int, param: str = "input"):
         super().__init__(
-            f"the request's token vectors would be {num_tokens} tokens x {dim} = {num_tokens * dim} floats, "
-            f"more than the {max_floats} one response holds; send fewer or shorter texts",
-            "input",
+            f"the request's outputs would be {num_rows} {rows_of} x {width} = {num_rows * width} floats, "
+            f"more than the {max_floats} one request holds; send fewer or shorter texts",
+            param,
         )
 
 

@@ -12,6 +12,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
+from api.config import MAX_TOKEN_OUTPUT_FLOATS
 from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
 from api.inputs import check_texts
@@ -25,10 +26,6 @@ from scoring.late_interaction import split_rows
 from scoring.m3_rows import m3_outputs, unused_token_ids
 
 QUERY_TYPES = ("query", "search_query")
-# the floats of token vectors one response holds (64 MiB as float32; as JSON lists, about 0.5 GB of Python
-# floats while it is encoded): a request at --max-request-tokens of bge-m3's 1,024-wide vectors would be
-# a billion, some 30 GB
-MAX_TOKEN_OUTPUT_FLOATS = 1 << 24
 
 
 @post(
@@ -54,7 +51,7 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     sequences = await guard.tokenized(_token_ids(model, texts, data, is_query, server.config.auto_truncate))
     num_tokens = sum(map(len, sequences))
     if task != EMBED and num_tokens * model.spec.output_dim > MAX_TOKEN_OUTPUT_FLOATS:
-        raise OutputTooLarge(num_tokens, model.spec.output_dim, MAX_TOKEN_OUTPUT_FLOATS)
+        raise OutputTooLarge(num_tokens, "tokens", model.spec.output_dim, MAX_TOKEN_OUTPUT_FLOATS)
     rows = await guard.run(sequences)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     if task == EMBED:

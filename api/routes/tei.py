@@ -9,9 +9,9 @@ from litestar import Request, get, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
-from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
+from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, MAX_SPARSE_ROWS_FLOATS
 from api.encoding import check_dimensions, truncate_dimensions
-from api.errors import InvalidInput
+from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
 from api.inputs import check_texts
 from api.models import EMBED, RERANK, SPARSE_EMBED
@@ -91,6 +91,11 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.token_engine, request, server.config)
     sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
+    # the engine's rows: bge-m3's a token ([vector | weight]), SPLADE's a text (the vocabulary's weights)
+    num_rows, rows_of = (sum(map(len, sequences)), "tokens") if spec.m3 else (len(sequences), "texts")
+    width = spec.output_dim + 1 if spec.m3 else spec.output_dim
+    if num_rows * width > MAX_SPARSE_ROWS_FLOATS:
+        raise OutputTooLarge(num_rows, rows_of, width, MAX_SPARSE_ROWS_FLOATS, "inputs")
     rows = await guard.run(sequences)
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if spec.m3:

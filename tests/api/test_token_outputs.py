@@ -186,9 +186,23 @@ def test_token_vectors_past_what_a_response_holds_are_refused_before_the_model_r
             response = client.post("/pooling", json={"input": texts, "task": task})
             assert response.status_code == 400, response.text[:500]
             error = response.json()["error"]
-            assert error["param"] == "input" and "567000 tokens x 32" in error["message"], error
+            assert error["param"] == "input" and "567000 tokens x 32 " in error["message"], error
             assert "fewer or shorter" in error["message"]
             assert len(pooled(client, input=texts[:16], task=task)) == 16  # within it: served
+
+
+def test_splade_rows_past_what_a_request_holds_are_teis_413_before_the_model_runs(folders):
+    """A SPLADE model's engine rows are its vocabulary's weights (30,522 here), a text each: 2,300 texts
+    are 70.2 million floats, past the 67.1 million of one request."""
+    texts = ["a"] * 2300
+    config = ServerConfig(models=(str(folders["splade"]),), max_inputs=len(texts))
+    with TestClient(create_app(config)) as client:
+        response = client.post("/embed_sparse", json={"inputs": texts})
+        assert response.status_code == 413, response.text[:500]
+        assert response.json()["error_type"] == "Validation"
+        assert "2300 texts x 30522 " in response.json()["error"]
+        within = client.post("/embed_sparse", json={"inputs": texts[:2000]})
+        assert within.status_code == 200 and len(within.json()) == 2000
 
 
 def test_embed_sparse_on_a_dense_model_is_teis_422(minilm_path):
