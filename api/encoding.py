@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from api.errors import InvalidInput
-from api.quantize import base64_rows
+from api.quantize import base64_rows, float_rows
 
 
 def check_dimensions(dimensions: int | None, model_dimensions: int, param: str = "dimensions") -> None:
@@ -26,5 +26,5 @@ def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarr
     return kept / np.maximum(norms, 1e-12)
 
 
-def encode_vectors(vectors: np.ndarray, encoding_format: str) -> list[list[float]] | list[bytes]:
-    return base64_rows(vectors) if encoding_format == "base64" else vectors.tolist()
+def encode_vectors(vectors: np.ndarray, encoding_format: str) -> list:
+    return base64_rows(vectors) if encoding_format == "base64" else float_rows(vectors)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import msgspec
 import numpy as np
 from litestar import Request, post
 from litestar.di import NamedDependency
@@ -18,6 +19,7 @@ from api.guard import RequestGuard
 from api.inputs import check_texts
 from api.models import EMBED, TOKEN_EMBED, ServedModel
 from api.prompts import select_prompt
+from api.quantize import float_json
 from api.responses import EncodedJson, documented
 from api.routes.embeddings import truncation
 from api.schemas.vllm import PoolingData, PoolingRequest, PoolingResponse, ScoreUsage
@@ -112,8 +114,9 @@ def _token_vectors(
     return [part[1:, :-1] for part in parts]
 
 
-def _vectors(vectors: np.ndarray, encoding_format: str) -> list | bytes:
-    """Floats as lists, or base64 of the little-endian float32 array (a matrix row by row)."""
+def _vectors(vectors: np.ndarray, encoding_format: str) -> msgspec.Raw | bytes:
+    """Floats as lists (api/quantize.float_json), or base64 of the little-endian float32 array (a matrix
+    row by row)."""
     if encoding_format == "base64":
         return vectors.astype("<f4").tobytes()
-    return vectors.tolist()
+    return float_json(vectors)
