@@ -120,3 +120,23 @@ def test_metrics_expose_requests_latency_queue_and_batches(client):
     assert "posy_request_duration_seconds_bucket" in text
     assert 'posy_queued_tokens{model="sentence-transformers/all-MiniLM-L6-v2"}' in text
     assert "posy_batch_tokens_bucket" in text and "posy_batch_sequences_bucket" in text
+
+
+def test_float_vectors_are_written_in_float32s_shortest_form_and_read_back_exactly():
+    import json
+
+    import msgspec
+
+    from api.quantize import float_json, float_rows
+
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((4, 64)).astype(np.float32)
+    strided = matrix[:, ::2]  # not contiguous: written all the same
+    for vectors in (matrix, strided):
+        written = msgspec.json.encode(float_rows(vectors))
+        assert np.array_equal(np.asarray(json.loads(written), dtype=np.float32), vectors)
+    as_float64 = msgspec.json.encode(matrix.tolist())
+    assert len(msgspec.json.encode(float_rows(matrix))) < 0.7 * len(as_float64)
+    assert json.loads(msgspec.json.encode(float_rows(np.array([[0.1]], dtype=np.float32)))) == [[0.1]]
+    token_vectors = msgspec.json.encode(float_json(strided))  # a matrix, row by row
+    assert np.array_equal(np.asarray(json.loads(token_vectors), dtype=np.float32), strided)
