@@ -243,3 +243,9 @@ def test_v2_embed_by_type_gives_the_openai_routes_vectors(co_v2, embed):
     query = co_v2.embed(model=MODEL, input_type="search_query", texts=[QUERY], embedding_types=["float"])
     scores = floats @ np.array(query.embeddings.float_[0], dtype=np.float32)
     assert int(np.argmax(scores)) == 0  # Paris
+    # the same texts as v2's `inputs`, the SDK's multimodal form, of text content
+    inputs = [{"content": [{"type": "text", "text": text}]} for text in DOCS]
+    as_inputs = co_v2.embed(
+        model=MODEL, input_type="search_document", inputs=inputs, embedding_types=["float"]
+    )
+    np.testing.assert_array_equal(np.array(as_inputs.embeddings.float_, dtype=np.float32), floats)

@@ -140,7 +140,13 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
         msgspec.Meta(description="each text's token limit (at most the window); over it, truncate decides"),
     ] = None
     images: Annotated[list[str] | None, msgspec.Meta(description="not supported: texts only (400)")] = None
-    inputs: Annotated[list[Any] | None, msgspec.Meta(description="not supported: texts only (400)")] = None
+    inputs: Annotated[
+        list[Any] | None,
+        msgspec.Meta(
+            description='instead of `texts`: each input\'s content one text part, {"type": "text", "text": '
+            "...} (images: 400)"
+        ),
+    ] = None
 
 
 class EmbeddingsByType(msgspec.Struct, omit_defaults=True, rename={"float_": "float"}):

@@ -67,6 +67,15 @@ def test_truncation_keeps_the_start_or_the_end(client, minilm_tokenizer):
     assert embed_v2(client, texts=[long_text])["meta"]["billed_units"]["input_tokens"] == 256  # END
 
 
+def test_inputs_of_text_content_embed_as_texts(client):
+    """Cohere's v2 `inputs` (the SDK's `inputs=[{"content": [{"type": "text", "text": ...}]}]`)."""
+    inputs = [{"content": [{"type": "text", "text": text}]} for text in TEXTS]
+    payload = embed_v2(client, inputs=inputs, embedding_types=["float", "int8"])
+    expected = embed_v2(client, texts=TEXTS, embedding_types=["float", "int8"])
+    assert payload["embeddings"] == expected["embeddings"] and payload["texts"] == TEXTS
+    assert payload["meta"]["billed_units"] == expected["meta"]["billed_units"]
+
+
 def test_output_dimension_and_max_tokens(client):
     short = np.array(embed_v2(client, texts=TEXTS, output_dimension=128)["embeddings"]["float"])
     np.testing.assert_allclose(short, openai_vectors(client, TEXTS, dimensions=128), atol=1e-6)
@@ -83,6 +92,11 @@ def test_output_dimension_and_max_tokens(client):
         ({"texts": ["ok"], "output_dimension": 1000}, "output_dimension"),
         ({"texts": ["ok"], "input_type": "image"}, "input_type"),
         ({"images": ["data:image/png;base64,AAAA"]}, "texts only"),
+        ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "inputs[0]"),
+        ({"inputs": [{"content": [{"type": "text", "text": "a"}] * 2}]}, "one part"),
+        ({"inputs": [{"content": [{"type": "text", "text": ""}]}]}, "inputs[0]"),
+        ({"inputs": []}, "inputs"),
+        ({"texts": ["ok"], "inputs": [{"content": [{"type": "text", "text": "a"}]}]}, "not both"),
         ({"texts": ["ok"], "truncate": "MIDDLE"}, "truncate"),
         ({"texts": ["ok"], "model": "no-such-model"}, "no-such-model"),
     ],
