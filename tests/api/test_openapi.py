@@ -121,6 +121,27 @@ def test_every_request_field_says_what_it_does(client):
     assert len(bodies) == 10 and undocumented == []
 
 
+def test_the_only_examples_are_the_ones_posy_writes(client):
+    """No generated examples (Litestar's are random: an id of random letters, an embedding of 1.4e10)."""
+    schema = client.get("/openapi.json").json()
+    found = []
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("example", "examples"):
+                    found.append((where, value))
+                else:
+                    walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, where)
+
+    walk(schema, "")
+    assert found and all("Request/" in where for where, _ in found), found
+    assert ("/components/schemas/RerankRequest/properties/query", ["what do cats eat?"]) in found
+
+
 def test_the_docs_page_shows_every_route_with_its_fields(client):
     response = client.get("/docs")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
