@@ -17,7 +17,6 @@ from api.bulk.job_model import JobModel, Submitted, TokenBudget
 from api.bulk.output import Output, ShardWriter
 from api.bulk.progress import JobProgress
 from api.bulk.source import Shard, Source, input_format
-from engine.build import build_engine
 from engine.engine import Engine
 from engine.passing_thread import await_in_passing_thread
 
@@ -57,7 +56,7 @@ async def run_job(config: JobConfig) -> JobResult:
     total_rows = await asyncio.to_thread(source.num_rows)
     tokenizer = model.open_tokenizer(config.tokenizer_processes)  # its workers start while the model loads
     try:
-        engine = await await_in_passing_thread(lambda: build_engine(model.spec, model.engine_config))
+        engine = await await_in_passing_thread(model.build_engine)
         progress = JobProgress(total_rows, logger)
         try:
             await _run_shards(source, config, model, engine, tokenizer, output, progress)

@@ -16,7 +16,9 @@ from api.bulk.errors import JobError
 from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
+from api.models import DenseView
 from api.prompts import select_prompt
+from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.spec import ModelSpec
@@ -60,6 +62,12 @@ class JobModel:
             "window": self.spec.max_seq_length,
             "dtype": self.engine_config.dtype,
         }
+
+    def build_engine(self) -> Engine | DenseView:
+        """The engine that gives a vector a text: bge-m3's shows its dense vectors (DenseView), as the
+        server's embedding routes do."""
+        engine = build_engine(self.spec, self.engine_config)
+        return DenseView(engine) if self.spec.m3 else engine
 
     @property
     def tokenization(self) -> Tokenization:

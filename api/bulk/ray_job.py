@@ -29,11 +29,10 @@ class EmbedWorker:
 
     def __init__(self, config: JobConfig):
         from api.bulk.job_model import JobModel, TokenBudget
-        from engine.build import build_engine
 
         self.config = config
         self.model = JobModel.load(config)
-        self.engine = build_engine(self.model.spec, self.model.engine_config)
+        self.engine = self.model.build_engine()
         self.loop = asyncio.new_event_loop()  # every batch runs on it, the budget's condition too
         self.budget = TokenBudget(self.model.engine_config.max_queue_tokens)
         self.tokenizer = self.model.open_tokenizer(config.tokenizer_processes)

@@ -56,7 +56,7 @@ def corpus(tmp_path):
 
 
 def run_with(monkeypatch, engine, config):
-    monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: engine)
+    monkeypatch.setattr(job_model, "build_engine", lambda spec, engine_config: engine)
     return asyncio.run(job.run_job(config))
 
 
@@ -87,7 +87,7 @@ def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tm
         .tokenization.encoder()
         .content_ids(["late"])[0][0]
     )
-    monkeypatch.setattr(job, "build_engine", lambda spec, engine_config: StandInEngine(fail_on=late))
+    monkeypatch.setattr(job_model, "build_engine", lambda spec, engine_config: StandInEngine(fail_on=late))
     parser, _, _ = build_parsers()
     args = parser.parse_args(
         ["embed", str(corpus), "--output", str(output), "--shard-rows", "700", "--device", "cpu"]
@@ -117,3 +117,21 @@ def test_progress_moves_a_chunk_at_a_time(corpus, tmp_path, monkeypatch):
     config = JobConfig(str(corpus), str(tmp_path / "out"), shard_rows=NUM_ROWS, device="cpu")
     result = run_with(monkeypatch, StandInEngine(), config)
     assert calls == [100] * 50 and result.rows == NUM_ROWS
+
+
+def test_a_bge_m3_job_writes_its_dense_vectors(minilm_path, tmp_path):
+    """bge-m3 gives a row a token (its ColBERT vectors and lexical weights beside the dense one): a bulk
+    job writes a vector a text, FlagEmbedding's dense vector."""
+    from benchmarks.token_checkpoints import flag_m3_embedder, m3_checkpoint
+
+    folder = m3_checkpoint(minilm_path, tmp_path / "m3")
+    texts = [f"text {index} about cats and trains" for index in range(40)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(folder), device="cpu", dtype="float32"
+    )
+    result = asyncio.run(job.run_job(config))
+    assert result.rows == len(texts)
+    vectors = np.array(read_output(str(tmp_path / "out")).column("embedding").to_pylist(), dtype=np.float32)
+    expected = flag_m3_embedder(folder).encode(texts, return_dense=True, batch_size=8)["dense_vecs"]
+    np.testing.assert_allclose(vectors, expected, atol=1e-5)
