@@ -41,7 +41,10 @@ class ModelRunner:
         if batch.scored_against is not None:  # after the graph: scores of sequences against their query
             output = self.model.max_sim(batch, output)
         if batch.kept_rows is not None:  # likewise: the rows the batch's sequences asked for
-            output = output.index_select(0, batch.kept_rows.to(output.device, non_blocking=True))
+            kept = batch.kept_rows
+            if output.device.type == "cuda" and not kept.is_pinned():
+                kept = kept.pin_memory()  # a copy from pageable memory would first wait for the forward
+            output = output.index_select(0, kept.to(output.device, non_blocking=True))
         # copied on the compute stream: a later replay, which may overwrite the graph pool's outputs,
         # runs after the copy
         return LazyTensor(output.float(), self.host_buffers)
