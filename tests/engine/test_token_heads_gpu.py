@@ -126,6 +126,27 @@ def test_bge_m3_on_cuda_through_graphs_gives_the_cpu_outputs(folders):
         assert np.abs(rows[:, -1] - expected[:, -1]).max() <= WEIGHT_TOLERANCE * expected[:, -1].max()
 
 
+def test_bge_m3_dense_requests_take_their_first_rows_through_cuda_graphs(folders):
+    """first_rows (bge-m3's dense vectors): gathered after the graph, a row a text, as eager, captured
+    and replayed."""
+    spec = resolve_model(str(folders["m3"]))
+    firsts = np.cumsum([0, *map(len, TEXTS[:-1])])
+    expected = cpu_rows(spec, TEXTS)[firsts]
+    engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
+
+    async def three_times():
+        return [(await engine.enqueue(TEXTS, first_rows=True)).rows for _ in range(3)]
+
+    try:
+        results = asyncio.run(three_times())
+    finally:
+        engine.stop()
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+    for rows in results:
+        assert rows.shape == expected.shape
+        assert cosines(rows[:, :-1], expected[:, :-1]).min() >= COSINE_TOLERANCE
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_listwise_ranker_on_cuda_gives_the_cpu_marker_vectors(folders, backend):
     spec = resolve_model(str(folders["listwise"]))
