@@ -17,7 +17,7 @@ from api.inputs import check_texts
 from api.models import EMBED, RERANK, SPARSE_EMBED
 from api.openapi import package_version
 from api.prompts import select_prompt
-from api.quantize import float_rows
+from api.quantize import float_json
 from api.responses import EncodedJson, documented
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
@@ -67,7 +67,7 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return EncodedJson(float_rows(truncate_dimensions(vectors, data.dimensions)))
+    return EncodedJson(float_json(truncate_dimensions(vectors, data.dimensions)))  # a bare list of them
 
 
 @post(
