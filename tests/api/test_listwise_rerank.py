@@ -201,3 +201,17 @@ def test_replica_processes_give_the_marker_rows_of_the_engine_in_process(folder,
         replica_set.stop()
     assert in_process.shape == (2 + 4 + 6 + 3, 512)
     np.testing.assert_allclose(replicated, in_process, atol=TOLERANCE)
+
+
+def test_score_ranks_a_query_against_its_documents_in_one_prompt(client, reference):
+    """vLLM's /score, one query to many documents: each document's relevance, (1 + cosine) / 2 of the
+    listwise prompt that holds them all, as rerank's."""
+    _, cosines = reference
+    documents = [document for document in DOCUMENTS if document]  # /score takes no empty text
+    response = client.post("/score", json={"model": "jina", "text_1": QUERY, "text_2": documents})
+    assert response.status_code == 200, response.text
+    data = sorted(response.json()["data"], key=lambda item: item["index"])
+    np.testing.assert_allclose(
+        [item["score"] for item in data], (1 + cosines(QUERY, documents)) / 2, atol=TOLERANCE
+    )
+    assert response.json()["usage"]["prompt_tokens"] > 0
