@@ -9,7 +9,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-import numpy as np
+import pyarrow as pa
 
 from api.bulk.chunk_tokenizer import ChunkTokenizer
 from api.bulk.config import JobConfig
@@ -150,7 +150,7 @@ async def _embed_and_write(
 ) -> None:
     """One shard: its chunks' rows written as they come back, a row group at a time, then recorded."""
     ids = entry.shard.ids
-    buffered: list[np.ndarray] = []
+    buffered: list[pa.Array] = []
     written = 0
     in_thread: asyncio.Future | None = None  # a write under way, which the file must outlast
 

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
+from api.bulk.output import fixed_size_vectors, sparse_vectors
 from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
@@ -24,6 +26,7 @@ from engine.engine import Engine
 from engine.spec import ModelSpec
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
+JOB_TASKS = ("embed", "sparse_embed")  # a vector a text (bge-m3: its dense one), a SPLADE sparse vector
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +44,13 @@ class JobModel:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
             spec = config.source().resolve()
-            if spec.task != "embed":
-                raise JobError(f"{spec.name} is a {spec.task} model: posy embed needs an embedding model")
+            if spec.task not in JOB_TASKS:
+                raise JobError(
+                    f"{spec.name} is a {spec.task} model: posy embed runs embedding models (a vector a "
+                    "text) and SPLADE models (a sparse vector a text)"
+                )
+            if spec.task == "sparse_embed" and config.dimensions is not None:
+                raise JobError("--dimensions shortens dense vectors: a SPLADE model's are sparse")
             check_dimensions(config.dimensions, spec.output_dim, "--dimensions")
             prompt = select_prompt(
                 spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
@@ -117,9 +125,9 @@ class JobModel:
 
     async def embed(
         self, engine: Engine, tokenizer: ChunkTokenizer, texts: Sequence[str], budget: TokenBudget
-    ) -> tuple[list[np.ndarray], int]:
-        """(vectors in input order, as one array per chunk, and tokens) of `texts`."""
-        parts: list[np.ndarray] = []
+    ) -> tuple[list[pa.Array], int]:
+        """(vectors in input order, as one column array per chunk, and tokens) of `texts`."""
+        parts: list[pa.Array] = []
         total = 0
         async with Submitted(self, engine, tokenizer, texts, budget) as submitted:
             async for vectors, tokens in submitted:
@@ -127,11 +135,18 @@ class JobModel:
                 total += tokens
         return parts, total
 
+    def column(self, rows: np.ndarray) -> pa.Array:
+        """The engine's rows of a chunk as the output's column: vectors (of `dimensions`), or a SPLADE
+        model's sparse vectors."""
+        if self.spec.task == "sparse_embed":
+            return sparse_vectors(rows)
+        return fixed_size_vectors(truncate_dimensions(rows, self.dimensions))
+
     async def _run(
         self, engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
-    ) -> tuple[np.ndarray, int]:
+    ) -> tuple[pa.Array, int]:
         try:
-            return truncate_dimensions(await engine.run(sequences), self.dimensions), tokens
+            return self.column(await engine.run(sequences)), tokens
         finally:
             await budget.release(tokens)
 
@@ -157,7 +172,7 @@ class Submitted:
     def __aiter__(self) -> Submitted:
         return self
 
-    async def __anext__(self) -> tuple[np.ndarray, int]:
+    async def __anext__(self) -> tuple[pa.Array, int]:
         run = await self.runs.get()
         if run is None:
             await self.submitting  # raises what stopped it

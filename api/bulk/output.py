@@ -1,8 +1,9 @@
 """A bulk job's output: a folder of Parquet shards (part-00000.parquet, ...: the ids and a float32 vector
-per row) and _manifest.json, which names the job and every finished shard. A shard is written under a
-hidden name and moved into place, then recorded; a job killed at any point leaves finished shards and at
-most one unrecorded one, which a rerun writes again. Readers (pyarrow.dataset, pandas, Spark) skip the
-underscore and dot files, so the folder reads as one table."""
+per row, or a SPLADE model's sparse one: its token ids and weights) and _manifest.json, which names the
+job and every finished shard. A shard is written under a hidden name and moved into place, then recorded;
+a job killed at any point leaves finished shards and at most one unrecorded one, which a rerun writes
+again. Readers (pyarrow.dataset, pandas, Spark) skip the underscore and dot files, so the folder reads as
+one table."""
 
 from __future__ import annotations
 
@@ -112,10 +113,10 @@ class ShardWriter:
         self.first_id: Any = None
         self.last_id: Any = None
 
-    def write(self, ids: Sequence[Any], parts: Sequence[np.ndarray]) -> None:
+    def write(self, ids: Sequence[Any], parts: Sequence[pa.Array]) -> None:
         """The next rows: their ids, and their vectors in one or more arrays (one Arrow chunk each, no
         copy: joining them would hold the GIL that the engine's thread needs)."""
-        vectors = pa.chunked_array([fixed_size_vectors(part) for part in parts])
+        vectors = pa.chunked_array(parts)
         if self._writer is None:
             table = pa.table({self.id_column: pa.array(ids), EMBEDDING_COLUMN: vectors})
             # vectors neither repeat nor compress: no dictionary, no compression (1.6x faster to write)
@@ -155,6 +156,17 @@ class ShardWriter:
 def fixed_size_vectors(vectors: np.ndarray) -> pa.FixedSizeListArray:
     rows = np.ascontiguousarray(vectors, dtype=np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])
+
+
+def sparse_vectors(weights: np.ndarray) -> pa.StructArray:
+    """[rows, vocabulary] weights -> each row's non-zero ones, {indices: token ids, values: weights} in
+    token id order, as sparse vector stores take them (Qdrant's SparseVector, for one)."""
+    rows, token_ids = np.nonzero(weights)  # row by row, each row's ids in order
+    counts = np.bincount(rows, minlength=len(weights))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
+    indices = pa.ListArray.from_arrays(offsets, pa.array(token_ids.astype(np.int32)))
+    values = pa.ListArray.from_arrays(offsets, pa.array(weights[rows, token_ids].astype(np.float32)))
+    return pa.StructArray.from_arrays([indices, values], names=["indices", "values"])
 
 
 def read_output(uri: str) -> pa.Table:

@@ -10,13 +10,12 @@ import dataclasses
 import logging
 import time
 
-import numpy as np
 import pyarrow as pa
 
 from api.bulk.chunk_tokenizer import MAX_DEFAULT_PROCESSES
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
-from api.bulk.output import EMBEDDING_COLUMN, fixed_size_vectors
+from api.bulk.output import EMBEDDING_COLUMN
 from api.bulk.source import input_format
 
 logger = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ class EmbedWorker:
         parts, _ = self.loop.run_until_complete(
             self.model.embed(self.engine, self.tokenizer, texts, self.budget)
         )
-        vectors = fixed_size_vectors(np.concatenate(parts))
+        vectors = pa.concat_arrays(parts)
         id_column = self.config.id_column or "id"
         return pa.table({id_column: batch.column(id_column), EMBEDDING_COLUMN: vectors})
 

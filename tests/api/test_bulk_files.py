@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.bulk.errors import JobError
-from api.bulk.output import MANIFEST, Output, read_output, shard_file
+from api.bulk.output import MANIFEST, Output, fixed_size_vectors, read_output, shard_file, sparse_vectors
 from api.bulk.source import Source, input_format
 
 TEXTS = [f"text number {i}" for i in range(10)]
@@ -79,11 +79,11 @@ def test_output_shards_read_back_in_order_and_a_rerun_takes_them_up(tmp_path):
     output.open()
     vectors = np.arange(15, dtype=np.float32).reshape(5, 3)
     second = output.open_shard(1, "id")  # written first, in two row groups, the second in two parts
-    second.write(["c"], [vectors[2:3]])
-    second.write(["d", "e"], [vectors[3:4], vectors[4:]])
+    second.write(["c"], [fixed_size_vectors(vectors[2:3])])
+    second.write(["d", "e"], [fixed_size_vectors(vectors[3:4]), fixed_size_vectors(vectors[4:])])
     second.close()
     first = output.open_shard(0, "id")
-    first.write(["a", "b"], [vectors[:2]])
+    first.write(["a", "b"], [fixed_size_vectors(vectors[:2])])
     first.close()
     output.finish()
     table = read_output(str(tmp_path / "out"))
@@ -107,7 +107,7 @@ def test_output_shards_read_back_in_order_and_a_rerun_takes_them_up(tmp_path):
 def test_a_shard_with_ids_of_another_type_midway_or_discarded_is_never_recorded(tmp_path):
     output = Output(str(tmp_path / "out"), {"input": "in.parquet"})
     output.open()
-    vectors = np.ones((2, 3), dtype=np.float32)
+    vectors = fixed_size_vectors(np.ones((2, 3), dtype=np.float32))
     mixed = output.open_shard(0, "id")
     mixed.write([1, 2], [vectors])
     with pytest.raises(JobError, match="the ids of shard 0 are not all int64"):
@@ -120,3 +120,16 @@ def test_a_shard_with_ids_of_another_type_midway_or_discarded_is_never_recorded(
     assert sorted(path.name for path in (tmp_path / "out").iterdir() if not path.name.startswith(".")) == [
         MANIFEST
     ]
+
+
+def test_sparse_vectors_are_each_rows_nonzero_weights_by_token_id():
+    weights = np.zeros((3, 10), dtype=np.float32)
+    weights[0, [7, 2]] = [0.5, 1.25]
+    weights[2, 9] = 3.0  # row 1: no weight at all
+    column = sparse_vectors(weights)
+    assert column.to_pylist() == [
+        {"indices": [2, 7], "values": [1.25, 0.5]},
+        {"indices": [], "values": []},
+        {"indices": [9], "values": [3.0]},
+    ]
+    assert column.type.field("indices").type == pa.list_(pa.int32())

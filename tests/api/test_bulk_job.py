@@ -135,3 +135,28 @@ def test_a_bge_m3_job_writes_its_dense_vectors(minilm_path, tmp_path):
     vectors = np.array(read_output(str(tmp_path / "out")).column("embedding").to_pylist(), dtype=np.float32)
     expected = flag_m3_embedder(folder).encode(texts, return_dense=True, batch_size=8)["dense_vecs"]
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+def test_a_splade_job_writes_each_texts_sparse_vector(minilm_path, tmp_path):
+    """A SPLADE model's rows are its vocabulary's weights: the job writes each text's non-zero ones,
+    {indices, values} by token id, as sentence-transformers' SparseEncoder gives them (within 1e-5)."""
+    from sentence_transformers import SparseEncoder
+
+    from benchmarks.token_checkpoints import splade_checkpoint
+
+    folder = splade_checkpoint(minilm_path, tmp_path / "splade")
+    texts = [f"text {index} about cats and trains" for index in range(30)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(folder), device="cpu", dtype="float32"
+    )
+    assert asyncio.run(job.run_job(config)).rows == len(texts)
+    written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()
+    reference = SparseEncoder(str(folder), device="cpu")
+    expected = reference.encode(texts, convert_to_tensor=True).to_dense().numpy()
+    assert len(written) == len(texts)
+    for vector, weights in zip(written, expected):
+        assert vector["indices"] == np.flatnonzero(weights).tolist()
+        np.testing.assert_allclose(vector["values"], weights[weights != 0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(job_model.JobError, match="sparse"):
+        job_model.JobModel.load(JobConfig(config.input, config.output, model=str(folder), dimensions=8))
