@@ -22,6 +22,8 @@ import numpy as np
 
 from api.bulk.errors import TokenizerFailed
 from api.tokenize import TextEncoder
+from engine.colbert import ColbertConfig
+from scoring.late_interaction import LateInteraction
 
 MAX_DEFAULT_PROCESSES = 8  # 4 kept the H200 fed with 50-token texts (bulk suite); room for costlier texts
 
@@ -34,14 +36,21 @@ class Tokenization:
     window: int
     vocab_size: int
     prompt: str
+    colbert: ColbertConfig | None = None  # a ColBERT model's layout of its queries and documents
+    is_query: bool = False  # ColBERT: the texts are queries
 
     def encoder(self) -> TextEncoder:
         return TextEncoder(self.tokenizer_path, self.window, self.vocab_size)
 
     def encode(self, encoder: TextEncoder, texts: Sequence[str]) -> list[list[int]]:
-        """Texts over the window are truncated to it, as sentence-transformers does."""
+        """Texts over the window are truncated to it, as sentence-transformers does; a ColBERT model's
+        are laid out as its queries or documents (marker, length, a query's expansion), as the server's."""
         prompted = [self.prompt + text for text in texts] if self.prompt else texts
-        return encoder.encode(prompted, self.window, True)
+        if self.colbert is None:
+            return encoder.encode(prompted, self.window, True)
+        late = LateInteraction(self.colbert, encoder.single)
+        layout = late.query_ids if self.is_query else late.document_ids
+        return [layout(ids) for ids in encoder.content_ids(prompted)]
 
 
 class ChunkTokenizer(Protocol):

@@ -14,7 +14,7 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
     embed = commands.add_parser(
         "embed",
         help="embed a file of texts (JSONL, CSV, Parquet) into Parquet shards of ids and vectors (a "
-        "SPLADE model's: sparse ones)",
+        "SPLADE model's: sparse ones; a ColBERT model's: a vector a token)",
     )
     embed.add_argument("input", help="JSONL, CSV or Parquet: a path, or a URI pyarrow reads (s3://...)")
     embed.add_argument(

@@ -14,7 +14,7 @@ import pyarrow as pa
 from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
-from api.bulk.output import fixed_size_vectors, sparse_vectors
+from api.bulk.output import fixed_size_vectors, sparse_vectors, token_vectors
 from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
@@ -26,7 +26,9 @@ from engine.engine import Engine
 from engine.spec import ModelSpec
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
-JOB_TASKS = ("embed", "sparse_embed")  # a vector a text (bge-m3: its dense one), a SPLADE sparse vector
+# a vector a text (bge-m3: its dense one), a SPLADE model's sparse vector, a ColBERT model's token vectors
+JOB_TASKS = ("embed", "sparse_embed", "token_embed")
+QUERY_TYPES = ("query", "search_query")  # a ColBERT job's --input-type that lays its texts out as queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class JobModel:
     prompt: str
     engine_config: EngineConfig
     dimensions: int | None
+    is_query: bool = False  # a ColBERT job of queries, not documents
 
     @classmethod
     def load(cls, config: JobConfig) -> JobModel:
@@ -47,10 +50,10 @@ class JobModel:
             if spec.task not in JOB_TASKS:
                 raise JobError(
                     f"{spec.name} is a {spec.task} model: posy embed runs embedding models (a vector a "
-                    "text) and SPLADE models (a sparse vector a text)"
+                    "text), SPLADE models (a sparse vector a text) and ColBERT models (a vector a token)"
                 )
-            if spec.task == "sparse_embed" and config.dimensions is not None:
-                raise JobError("--dimensions shortens dense vectors: a SPLADE model's are sparse")
+            if spec.task != "embed" and config.dimensions is not None:
+                raise JobError(f"--dimensions shortens a vector a text, not a {spec.task} model's outputs")
             check_dimensions(config.dimensions, spec.output_dim, "--dimensions")
             prompt = select_prompt(
                 spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
@@ -58,7 +61,8 @@ class JobModel:
             engine_config = engine_config_for(config, spec.max_seq_length)
         except (InvalidInput, ValueError) as error:
             raise JobError(str(error)) from error
-        return cls(spec, prompt, engine_config, config.dimensions)
+        is_query = spec.colbert is not None and config.input_type in QUERY_TYPES
+        return cls(spec, prompt, engine_config, config.dimensions, is_query)
 
     def job_identity(self, config: JobConfig) -> dict:
         """What the output's rows depend on: a rerun into the same output must ask for the same."""
@@ -69,6 +73,7 @@ class JobModel:
             "prompt": self.prompt,
             "window": self.spec.max_seq_length,
             "dtype": self.engine_config.dtype,
+            **({"queries": self.is_query} if self.spec.colbert is not None else {}),
         }
 
     def build_engine(self) -> Engine | DenseView:
@@ -79,9 +84,9 @@ class JobModel:
 
     @property
     def tokenization(self) -> Tokenization:
-        return Tokenization(
-            self.spec.tokenizer_path, self.spec.max_seq_length, self.spec.vocab_size, self.prompt
-        )
+        spec = self.spec
+        window, colbert = spec.max_seq_length, spec.colbert
+        return Tokenization(spec.tokenizer_path, window, spec.vocab_size, self.prompt, colbert, self.is_query)
 
     def open_tokenizer(self, num_processes: int | None) -> ChunkTokenizer:
         """None: worker processes beside a GPU engine, a thread beside a CPU one."""
@@ -135,18 +140,26 @@ class JobModel:
                 total += tokens
         return parts, total
 
-    def column(self, rows: np.ndarray) -> pa.Array:
-        """The engine's rows of a chunk as the output's column: vectors (of `dimensions`), or a SPLADE
-        model's sparse vectors."""
+    def column(self, rows: np.ndarray, sequences: Sequence[Sequence[int]]) -> pa.Array:
+        """The engine's rows of a chunk's sequences as the output's column: vectors (of `dimensions`), a
+        SPLADE model's sparse vectors, or a ColBERT model's token vectors (a query's all, a document's but
+        those of its skiplist tokens, as the server's /pooling gives them)."""
         if self.spec.task == "sparse_embed":
             return sparse_vectors(rows)
+        if self.spec.task == "token_embed":
+            lengths = [len(ids) for ids in sequences]
+            kept = np.ones(len(rows), dtype=bool)
+            skip = self.spec.colbert.skiplist_ids
+            if skip and not self.is_query:
+                kept = ~np.isin(np.concatenate([np.asarray(ids) for ids in sequences]), list(skip))
+            return token_vectors(rows, lengths, kept)
         return fixed_size_vectors(truncate_dimensions(rows, self.dimensions))
 
     async def _run(
         self, engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
     ) -> tuple[pa.Array, int]:
         try:
-            return self.column(await engine.run(sequences)), tokens
+            return self.column(await engine.run(sequences), sequences), tokens
         finally:
             await budget.release(tokens)
 

@@ -1,9 +1,9 @@
 """A bulk job's output: a folder of Parquet shards (part-00000.parquet, ...: the ids and a float32 vector
-per row, or a SPLADE model's sparse one: its token ids and weights) and _manifest.json, which names the
-job and every finished shard. A shard is written under a hidden name and moved into place, then recorded;
-a job killed at any point leaves finished shards and at most one unrecorded one, which a rerun writes
-again. Readers (pyarrow.dataset, pandas, Spark) skip the underscore and dot files, so the folder reads as
-one table."""
+per row, a SPLADE model's sparse one: its token ids and weights, or a ColBERT model's token vectors) and
+_manifest.json, which names the job and every finished shard. A shard is written under a hidden name and
+moved into place, then recorded; a job killed at any point leaves finished shards and at most one
+unrecorded one, which a rerun writes again. Readers (pyarrow.dataset, pandas, Spark) skip the underscore
+and dot files, so the folder reads as one table."""
 
 from __future__ import annotations
 
@@ -156,6 +156,15 @@ class ShardWriter:
 def fixed_size_vectors(vectors: np.ndarray) -> pa.FixedSizeListArray:
     rows = np.ascontiguousarray(vectors, dtype=np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])
+
+
+def token_vectors(rows: np.ndarray, lengths: Sequence[int], kept: np.ndarray) -> pa.ListArray:
+    """[tokens, dim] rows of sequences of `lengths` -> each sequence's `kept` rows (a bool a token), a
+    list of vectors a row (a ColBERT document's: those of its tokens but its punctuation)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    counts = np.add.reduceat(kept.astype(np.int64), starts)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
+    return pa.ListArray.from_arrays(offsets, fixed_size_vectors(rows[kept]))
 
 
 def sparse_vectors(weights: np.ndarray) -> pa.StructArray:

@@ -160,3 +160,31 @@ def test_a_splade_job_writes_each_texts_sparse_vector(minilm_path, tmp_path):
         np.testing.assert_allclose(vector["values"], weights[weights != 0], atol=1e-5, rtol=1e-5)
     with pytest.raises(job_model.JobError, match="sparse"):
         job_model.JobModel.load(JobConfig(config.input, config.output, model=str(folder), dimensions=8))
+
+
+@pytest.mark.parametrize("input_type", [None, "query"])
+def test_a_colbert_job_writes_each_texts_token_vectors(minilm_path, tmp_path, input_type):
+    """A ColBERT model's texts laid out as its documents (or, with --input-type query, its queries), in a
+    tokenizer process: each row's token vectors, those colbert-ai's docFromText keeps (queryFromText's),
+    within 1e-5."""
+    import torch
+
+    from benchmarks.token_checkpoints import colbert_ai_checkpoint, colbert_checkpoints
+
+    colbert_ai, pylate = colbert_checkpoints(minilm_path, tmp_path / "colbert")
+    texts = ["Cats eat fish, mostly.", "trains run on rails!", "Dogs; cats! and fish?", "word " * 40]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(pylate), device="cpu",
+        dtype="float32", input_type=input_type, tokenizer_processes=1,
+    )  # fmt: skip
+    assert asyncio.run(job.run_job(config)).rows == len(texts)
+    written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()
+    checkpoint = colbert_ai_checkpoint(colbert_ai)
+    with torch.inference_mode():
+        if input_type == "query":
+            expected = [vectors.numpy() for vectors in checkpoint.queryFromText(texts)]
+        else:
+            expected = [vectors.numpy() for vectors in checkpoint.docFromText(texts, keep_dims=False)]
+    for vectors, reference in zip(written, expected):
+        np.testing.assert_allclose(np.array(vectors, dtype=np.float32), reference, atol=1e-5)
