@@ -26,7 +26,11 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
     embed.add_argument("--input-format", choices=["jsonl", "csv", "parquet"], help="default: from the suffix")
     embed.add_argument("--dimensions", type=int, help="keep the first N values, re-normalized (Matryoshka)")
     embed.add_argument("--prompt-name", help="the model's prompt of this name before every text")
-    embed.add_argument("--input-type", help="document, query, ...: the model's prompt for that kind")
+    embed.add_argument(
+        "--input-type",
+        help="document, query, ...: the model's prompt for that kind (a ColBERT model: query lays the texts "
+        "out as its queries)",
+    )
     embed.add_argument(
         "--shard-rows",
         type=int,
