@@ -13,6 +13,9 @@ import numpy as np
 from engine.colbert import ColbertConfig
 from scoring.templates import SingleTemplate
 
+# the input types (a request's input_type, posy embed's --input-type) that lay texts out as queries
+QUERY_INPUT_TYPES = ("query", "search_query")
+
 
 @dataclass(frozen=True, slots=True)
 class LateInteraction:

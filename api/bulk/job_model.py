@@ -24,11 +24,11 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.spec import ModelSpec
+from scoring.late_interaction import QUERY_INPUT_TYPES
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
 # a vector a text (bge-m3: its dense one), a SPLADE model's sparse vector, a ColBERT model's token vectors
 JOB_TASKS = ("embed", "sparse_embed", "token_embed")
-QUERY_TYPES = ("query", "search_query")  # a ColBERT job's --input-type that lays its texts out as queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class JobModel:
             engine_config = engine_config_for(config, spec.max_seq_length)
         except (InvalidInput, ValueError) as error:
             raise JobError(str(error)) from error
-        is_query = spec.colbert is not None and config.input_type in QUERY_TYPES
+        is_query = spec.colbert is not None and config.input_type in QUERY_INPUT_TYPES
         return cls(spec, prompt, engine_config, config.dimensions, is_query)
 
     def job_identity(self, config: JobConfig) -> dict:

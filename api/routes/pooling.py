@@ -24,10 +24,8 @@ from api.responses import EncodedJson, documented
 from api.routes.embeddings import truncation
 from api.schemas.vllm import PoolingData, PoolingRequest, PoolingResponse, ScoreUsage
 from api.server import Server
-from scoring.late_interaction import split_rows
+from scoring.late_interaction import QUERY_INPUT_TYPES, split_rows
 from scoring.m3_rows import m3_outputs, unused_token_ids
-
-QUERY_TYPES = ("query", "search_query")
 
 
 @post(
@@ -49,7 +47,7 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     if task == "all" and not model.spec.m3:
         raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
     guard = RequestGuard(model.engine if task == EMBED else model.token_engine, request, server.config)
-    is_query = data.input_type in QUERY_TYPES
+    is_query = data.input_type in QUERY_INPUT_TYPES
     sequences = await guard.tokenized(_token_ids(model, texts, data, is_query, server.config.auto_truncate))
     num_tokens = sum(map(len, sequences))
     if task != EMBED and num_tokens * model.spec.output_dim > MAX_TOKEN_OUTPUT_FLOATS:
