@@ -207,6 +207,11 @@ class _Connection:
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)
+        except Exception as error:  # a fault of the replica's own: the gateway's request fails, not hangs
+            logger.exception("engine replica: a run could not be queued")
+            self.running.pop(run.id, None)
+            failure = EngineError(f"the engine replica could not queue the run: {type(error).__name__}")
+            self.fail(run.id, failure)
 
     def _payload(
         self, run: Run

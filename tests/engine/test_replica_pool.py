@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import replica_link
-from engine.errors import BehindDeadline
+from engine.errors import BehindDeadline, EngineError
 from engine.replica import serve
 from engine.replica_pool import ReplicaOverloaded, ReplicaPool
 
@@ -27,10 +27,11 @@ class StandInEngine:
         self,
         full: bool = False,
         hold: bool = False,
+        broken: bool = False,
         seconds_per_token: float | None = None,
         queued: int | None = None,
     ):
-        self.full, self.hold = full, hold
+        self.full, self.hold, self.broken = full, hold, broken
         # a full queue says so in its refusals, unless it refuses for the deadline with little queued
         self.queued_tokens = queued if queued is not None else 10**6 if full else 0
         self.rate = type("Rate", (), {"seconds_per_token": seconds_per_token})()
@@ -52,13 +53,16 @@ class StandInEngine:
         self._polling = False
         self._poller.join(10)
 
-    def submit(self, request, token_ids, token_type_ids=None, deadline=None, prefix=None, spans=None):
+    def submit(self, request, token_ids, token_type_ids=None, deadline=None, prefix=None, spans=None, *more):
         self.received.append(([list(map(int, ids)) for ids in token_ids], deadline))
         assert spans is None  # late chunking's spans reach a real engine: tests/api/test_late_chunking.py
+        assert not any(more)  # first rows reach a real engine: tests/engine/test_sparse_parity.py
         if prefix is not None:
             self.prefixes.append(list(map(int, prefix)))
         if self.full:
             raise BehindDeadline(9.0, 6.5)
+        if self.broken:  # a fault of the replica's own, not a refusal
+            raise TypeError("submit() takes 7 positional arguments but 8 were given")
         if self.hold:
             self.held.append(request)
             return
@@ -165,6 +169,19 @@ def test_all_replicas_full_is_overloaded_with_the_replicas_retry_after(tmp_path)
         return error.value.retry_after_s
 
     assert run_with(tmp_path, [{"full": True}, {"full": True}], body) == 3  # ceil(9.0 - 6.5)
+
+
+def test_a_replica_that_cannot_queue_a_run_fails_the_request_and_serves_on(tmp_path):
+    """A fault in the replica's own code (not a refusal) is the request's error, not a request that never
+    comes back; the connection keeps serving."""
+
+    async def body(pool, engines):
+        with pytest.raises(EngineError, match="could not queue the run: TypeError"):
+            await pool.run(SEQUENCES[:3])
+        engines[0].broken = False
+        return await pool.run(SEQUENCES)
+
+    np.testing.assert_array_equal(run_with(tmp_path, [{"broken": True}], body), EXPECTED)
 
 
 def test_a_split_request_refused_by_one_replica_is_refused_whole(tmp_path):
