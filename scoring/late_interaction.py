@@ -52,12 +52,18 @@ class LateInteraction:
         return ids
 
     def kept(self, ids: Sequence[int], vectors: np.ndarray, is_query: bool) -> np.ndarray:
-        """The token vectors that count: all of a query's (its expansion too), a document's but those of
-        its skiplist tokens."""
+        """The token vectors that count (kept_tokens)."""
         if is_query or not self.config.skiplist_ids:
             return vectors
-        skip = self.config.skiplist_ids
-        return vectors[np.fromiter((token not in skip for token in ids), dtype=bool, count=len(ids))]
+        return vectors[kept_tokens(self.config, np.asarray(ids), is_query)]
+
+
+def kept_tokens(config: ColbertConfig, ids: np.ndarray, is_query: bool) -> np.ndarray:
+    """Which tokens' vectors count (a bool a token id, of one text or several end to end): all of a
+    query's (its expansion too), a document's but those of its skiplist tokens."""
+    if is_query or not config.skiplist_ids:
+        return np.ones(len(ids), dtype=bool)
+    return ~np.isin(ids, list(config.skiplist_ids))
 
 
 def split_rows(rows: np.ndarray, lengths: Sequence[int]) -> list[np.ndarray]:

@@ -24,7 +24,7 @@ from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.spec import ModelSpec
-from scoring.late_interaction import QUERY_INPUT_TYPES
+from scoring.late_interaction import QUERY_INPUT_TYPES, kept_tokens
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
 # a vector a text (bge-m3: its dense one), a SPLADE model's sparse vector, a ColBERT model's token vectors
@@ -147,12 +147,9 @@ class JobModel:
         if self.spec.task == "sparse_embed":
             return sparse_vectors(rows)
         if self.spec.task == "token_embed":
-            lengths = [len(ids) for ids in sequences]
-            kept = np.ones(len(rows), dtype=bool)
-            skip = self.spec.colbert.skiplist_ids
-            if skip and not self.is_query:
-                kept = ~np.isin(np.concatenate([np.asarray(ids) for ids in sequences]), list(skip))
-            return token_vectors(rows, lengths, kept)
+            flat_ids = np.concatenate([np.asarray(ids) for ids in sequences])
+            kept = kept_tokens(self.spec.colbert, flat_ids, self.is_query)
+            return token_vectors(rows, [len(ids) for ids in sequences], kept)
         return fixed_size_vectors(truncate_dimensions(rows, self.dimensions))
 
     async def _run(
