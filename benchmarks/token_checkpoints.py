@@ -223,7 +223,9 @@ def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0, shape=TINY) -> Path
         json.dumps({"word_embedding_dimension": hidden, "pooling_mode": "cls"})
     )
     (folder / "2_Normalize").mkdir()
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 126}))
+    # bge-m3's window: its positions past RoBERTa's offset of 2 (8,192 at the real size, 126 in the tests)
+    window = config.max_position_embeddings - 2
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": window}))
     return folder
 
 

@@ -189,6 +189,10 @@ class GraphCache:
             return None
         if batch.prefix_of is not None:
             return self.key_layout_key(batch, token_bucket)
+        if batch.max_seqlen > self.largest_seqlen_bucket:
+            # past the model window (a caller that sent ids the routes would have cut): no graph's
+            # length bucket, nor its dummies' slots, holds it
+            return None
         if self.config.cuda_graphs == "eager-warmup":
             # pre-warmed graphs have the most slots and the longest sequences: every batch finds one
             return self.warm_key(token_bucket)

@@ -61,6 +61,20 @@ def test_graph_key_reserves_slots_for_the_dummies():
     assert graphs.key(pack([[1] * 128])) == (128, 1, 128, 0)  # exactly on a bucket: no dummy
 
 
+def test_a_sequence_past_the_longest_length_bucket_runs_eagerly():
+    """bge-m3's tokens suite sent 512-token texts to a checkpoint of a 126-token window: the graph's
+    128-token length bucket left its dummies more slots than it had (a ValueError in staging on the H200)."""
+    from engine.cuda_graphs import GraphCache
+
+    graphs = GraphCache.__new__(GraphCache)  # key() needs no device
+    graphs.config, graphs.largest_seqlen_bucket = EngineConfig(device="cuda", max_batch_tokens=32768), 128
+    batch = pack([[1] * 508] + [[1] * 60] * 99)
+    assert graphs.key(batch) is None
+    inside = pack([[1] * 128] + [[1] * 60] * 99)
+    key = graphs.key(inside)
+    assert key == (6144, 128, 128, 0) and stage(inside, key).shape[0] > 0
+
+
 def test_a_shared_prefix_batch_stages_each_slots_keys_prefix_first():
     from engine.cuda_graphs import GraphCache, host_key_cu_seqlens
 
