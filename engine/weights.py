@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 WeightTarget = tuple[str, slice | None] | tuple[str, slice | None, tuple[int, ...]]
 # checkpoint name -> one target, or several (a tied embedding table that also gives a head its rows)
 WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
+# what older checkpoints (TF-era BERT uploads, SPLADE's among them) call a LayerNorm's parameters, renamed
+# as transformers renames them on load; the rest of the strict check is unchanged
+LEGACY_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
 
 
 def load_model(
@@ -145,7 +148,7 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     unexpected, misshapen = [], []
     with torch.no_grad():
         for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
-            name = strip_prefix(checkpoint_name, model.checkpoint_prefixes)
+            name = strip_prefix(modern_name(checkpoint_name), model.checkpoint_prefixes)
             if name in ignored or name.startswith(ignored_prefixes):
                 continue
             if name not in missing:  # unknown, or given twice (with and without a prefix)
@@ -168,6 +171,13 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
             if names
         ]
         raise WeightLoadError(f"{type(model).__name__} checkpoint does not match; " + "; ".join(problems))
+
+
+def modern_name(name: str) -> str:
+    for legacy, modern in LEGACY_NAMES.items():
+        if name.endswith(legacy):
+            return name.removesuffix(legacy) + modern
+    return name
 
 
 def strip_prefix(name: str, prefixes: tuple[str, ...]) -> str:

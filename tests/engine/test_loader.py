@@ -74,6 +74,39 @@ def test_misshapen_tensor_fails_the_load(tmp_path, minilm_tensors):
         load(spec)
 
 
+def legacy_names(tensors):
+    """The tensors as TF-era BERT uploads name a LayerNorm's parameters (gamma, beta)."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        if ".LayerNorm." in name:
+            name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        renamed[name] = tensor
+    return renamed
+
+
+def test_legacy_layer_norm_names_load_as_transformers_renames_them(tmp_path, minilm_tensors):
+    tensors = legacy_names(minilm_tensors)
+    assert "embeddings.LayerNorm.gamma" in tensors and "encoder.layer.5.output.LayerNorm.beta" in tensors
+    reference = dict(load(resolve_model(None)).state_dict())
+    state = load(resolve_model(str(make_folder(tmp_path, tensors)))).state_dict()
+    assert all(torch.equal(state[name], reference[name]) for name in reference)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("embeddings.LayerNorm.weight", r"unexpected: \['embeddings.LayerNorm.(weight|gamma)'\]"),  # twice
+        ("embeddings.LayerNorm.alpha", r"unexpected: \['embeddings.LayerNorm.alpha'\]"),
+        ("embeddings.norm.gamma", r"unexpected: \['embeddings.norm.gamma'\]"),  # not a LayerNorm's name
+    ],
+)
+def test_legacy_names_keep_the_load_strict(tmp_path, minilm_tensors, extra, match):
+    tensors = {**legacy_names(minilm_tensors), extra: torch.ones(384)}
+    spec = resolve_model(str(make_folder(tmp_path, tensors)))
+    with pytest.raises(WeightLoadError, match=match):
+        load(spec)
+
+
 def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors, caplog):
     caplog.set_level("INFO", logger="engine.weights")
     reference = dict(load(resolve_model(None)).state_dict())
