@@ -23,6 +23,7 @@ from api.config import (
     ServerConfig,
 )
 from engine.config import MODEL_IMPLS
+from engine.source import POOLING_FLAGS
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -166,6 +167,13 @@ def add_engine_flags(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--max-model-len", type=int, help="cap every model's window at this many tokens")
     command.add_argument(
+        "--pooling",
+        choices=list(POOLING_FLAGS),
+        help="as TEI's --pooling: cls, mean or last-token pool an embedding model in place of its folder's "
+        "pooling; splade serves a *ForMaskedLM checkpoint as SPLADE (the max over its tokens of "
+        "log(1 + relu(logits)), as sentence-transformers' SparseEncoder runs such a folder)",
+    )
+    command.add_argument(
         "--model-impl",
         default="auto",
         choices=list(MODEL_IMPLS),
@@ -242,6 +250,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_workers=args.api_workers or 1,
         bidirectional=args.bidirectional,
         max_model_len=args.max_model_len,
+        pooling=args.pooling,
         model_impl=args.model_impl,
         trust_remote_code=args.trust_remote_code,
         max_batch_tokens=args.max_batch_tokens,

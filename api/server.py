@@ -181,10 +181,7 @@ class Server:
 
     def source(self, model: str | None) -> ModelSource:
         """A --model as the server's flags read it."""
-        config = self.config
-        return ModelSource(
-            model, config.bidirectional, config.max_model_len, config.model_impl, config.trust_remote_code
-        )
+        return ModelSource.of(model, self.config)
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
         spec = self.source(model).resolve()

@@ -21,11 +21,13 @@ def resolve_model(
     max_model_len: int | None = None,
     model_impl: str = "auto",
     trust_remote_code: bool = False,
+    pooling: str | None = None,
 ) -> ModelSpec:
     """None is the bundled all-MiniLM-L6-v2; an existing folder is used as is; anything else is a hub id.
     `bidirectional` runs a decoder embedder without its causal mask, whatever its config says;
     `max_model_len` caps its window (vLLM's --max-model-len); `model_impl` (see MODEL_IMPLS) picks posy's
-    packed model or transformers' own; `trust_remote_code` lets the fallback run the code in the folder."""
+    packed model or transformers' own; `trust_remote_code` lets the fallback run the code in the folder;
+    `pooling` (TEI's --pooling, engine/source.py POOLING_FLAGS) pools otherwise than the folder says."""
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, not {model_impl!r}")
     if max_model_len is not None and max_model_len < 1:
@@ -42,7 +44,7 @@ def resolve_model(
         raise ModelNotFound(f"model {path_or_id!r}: {where.resolve()} {what} (a hub id is ORG/NAME)")
     else:
         name, folder = path_or_id, download(path_or_id)
-    spec = read_spec(name, folder, bidirectional, model_impl, trust_remote_code)
+    spec = read_spec(name, folder, bidirectional, model_impl, trust_remote_code, pooling)
     if max_model_len is not None:
         spec = replace(spec, max_seq_length=min(spec.max_seq_length, max_model_len))
     return spec

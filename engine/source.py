@@ -4,10 +4,25 @@ record a replica process or a bulk job's worker gets to resolve the same ModelSp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from engine.spec import ModelSpec
+
+# --pooling, as TEI names its values -> the spec's: an embedder's pooling in place of the folder's, or
+# "splade": a masked LM's vocabulary weights (engine/sparse_encoder.py)
+POOLING_FLAGS = {"cls": "cls", "mean": "mean", "last-token": "last", "splade": "splade"}
+
+
+class ModelFlags(Protocol):
+    """The flags that change how a model is read, as `posy serve`'s ServerConfig and `posy embed`'s
+    JobConfig hold them."""
+
+    bidirectional: bool
+    max_model_len: int | None
+    model_impl: str
+    trust_remote_code: bool
+    pooling: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,11 +32,21 @@ class ModelSource:
     max_model_len: int | None = None  # caps the window
     model_impl: str = "auto"  # engine/config.py MODEL_IMPLS
     trust_remote_code: bool = False  # the transformers fallback may run code in the folder
+    pooling: str | None = None  # --pooling (POOLING_FLAGS); None: the folder's own
+
+    @classmethod
+    def of(cls, model: str | None, flags: ModelFlags) -> ModelSource:
+        """`model` read as these flags say."""
+        return cls(
+            model, flags.bidirectional, flags.max_model_len, flags.model_impl, flags.trust_remote_code,
+            flags.pooling,
+        )  # fmt: skip
 
     def resolve(self) -> ModelSpec:
         """Find the files and read the spec (engine/resolve.py resolve_model)."""
         from engine.resolve import resolve_model
 
         return resolve_model(
-            self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code
-        )
+            self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code,
+            self.pooling,
+        )  # fmt: skip

@@ -17,7 +17,8 @@ from engine.models.dense import DenseLayout
 from engine.models.listwise import LISTWISE_ARCHITECTURES, ListwiseConfig, read_listwise
 from engine.models.registry import MODEL_TYPES, fallback_entry, lookup
 from engine.models.sparse import SpladeConfig
-from engine.sparse_encoder import is_m3_folder, is_splade_folder, read_splade
+from engine.source import POOLING_FLAGS
+from engine.sparse_encoder import bare_splade, is_m3_folder, is_splade_folder, read_splade
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +80,13 @@ def read_spec(
     bidirectional: bool = False,
     model_impl: str = "auto",
     trust_remote_code: bool = False,
+    pooling_flag: str | None = None,
 ) -> ModelSpec:
+    """`pooling_flag`: one of POOLING_FLAGS, or None for the folder's own pooling."""
     from transformers import AutoConfig
+
+    if pooling_flag is not None and pooling_flag not in POOLING_FLAGS:
+        raise UnsupportedModel(f"--pooling must be one of {', '.join(POOLING_FLAGS)}, not {pooling_flag!r}")
 
     modules = read_json(folder / "modules.json")
     transformer_dir = folder / sentence_transformers_path(modules, "Transformer", default="")
@@ -108,6 +114,8 @@ def read_spec(
         colbert = read_colbert(name, folder, transformer_dir, modules)
     elif is_splade_folder(module_kinds(modules or [])):
         splade = read_splade(name, folder, modules or [])
+    elif pooling_flag == "splade":
+        splade, run_bare = bare_splade(name, given, modules), True
     listwise = None
     if given in LISTWISE_ARCHITECTURES:
         row = MODEL_TYPES.get(hf_config.model_type)
@@ -170,6 +178,13 @@ def read_spec(
         task, normalize = "score", False
     elif modules is not None and task == "embed":
         pooling, normalize, dense = sentence_transformers_pooling(name, folder, modules)
+    if pooling_flag is not None:
+        if task != ("sparse_embed" if pooling_flag == "splade" else "embed"):
+            raise UnsupportedModel(
+                f"model {name!r}: --pooling {pooling_flag} pools "
+                f"{'a masked LM' if pooling_flag == 'splade' else 'an embedding model'}; this model serves {task}"
+            )
+        pooling = POOLING_FLAGS[pooling_flag] if splade is None else pooling
     sizes = [hf_config.hidden_size, *(layer.out_features for layer in dense)]
     for layer, size in zip(dense, sizes):
         if layer.in_features != size:

@@ -31,12 +31,11 @@ class JobConfig:
     max_model_len: int | None = None
     model_impl: str = "auto"
     trust_remote_code: bool = False
+    pooling: str | None = None  # TEI's --pooling (engine/source.py POOLING_FLAGS)
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None
 
     def source(self) -> ModelSource:
         """The model as its flags read it."""
-        return ModelSource(
-            self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code
-        )
+        return ModelSource.of(self.model, self)

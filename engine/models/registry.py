@@ -172,9 +172,11 @@ def fallback_entry(architecture: str, sentence_transformers: bool = False) -> Mo
     bare = architecture.endswith("Model") and not architecture.endswith(("HeadModel", "HeadsModel"))
     if bare or sentence_transformers:
         return ModelEntry(FALLBACK, architecture, "embed")
+    # a masked LM has no pooling of its own: sentence-transformers' SparseEncoder runs it as SPLADE
+    splade = "; --pooling splade serves a masked LM as SPLADE" if architecture.endswith("ForMaskedLM") else ""
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported: posy packs {', '.join(supported())}; transformers "
-        "runs a bare *Model, a *ForSequenceClassification, or a checkpoint with sentence-transformers files"
+        f"runs a bare *Model, a *ForSequenceClassification, or a checkpoint with sentence-transformers files{splade}"
     )
 
 

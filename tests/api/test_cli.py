@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from api.cli import apply_environment, build_parser, config_from_args
+from engine.errors import UnsupportedModel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,6 +153,25 @@ def test_bidirectional_reaches_the_model_spec(tmp_path):
     assert not Server(parse(["serve", "--model", str(tmp_path)])).resolve()[0].bidirectional
     spec = Server(parse(["serve", "--model", str(tmp_path), "--bidirectional"])).resolve()[0]
     assert spec.bidirectional and spec.pooling == "last"  # sentence-transformers' pooling still rules
+
+
+def test_pooling_splade_reaches_the_model_spec_of_serve_and_embed(tmp_path, minilm_path):
+    """TEI's --pooling splade: a bare *ForMaskedLM served (or embedded) as SPLADE; POSY_POOLING its twin."""
+    from api.bulk.cli import job_config
+    from api.cli import build_parsers
+    from api.server import Server
+    from tests.engine.test_sparse_checkpoints import masked_lm
+
+    folder = str(masked_lm(minilm_path, tmp_path / "mlm"))
+    with pytest.raises(UnsupportedModel, match="--pooling splade"):
+        Server(parse(["serve", "--model", folder])).resolve()
+    spec = Server(parse(["serve", "--model", folder], {"POSY_POOLING": "splade"})).resolve()[0]
+    assert spec.task == "sparse_embed" and spec.splade is not None
+    parser, _, _ = build_parsers()
+    args = parser.parse_args(["embed", "in.csv", "--output", "out", "--model", folder, "--pooling", "splade"])
+    assert job_config(args).source().resolve().task == "sparse_embed"
+    with pytest.raises(SystemExit):
+        parse(["serve", "--pooling", "max"])  # not one of TEI's values
 
 
 def test_request_limits_flags_defaults_and_environment_twins():
