@@ -19,9 +19,9 @@ from engine.models.heads import Head
 if TYPE_CHECKING:
     from engine.weights import WeightTargets
 
-# tokens whose vocabulary-wide logits are computed at once: bounds the head's memory (1,024 x 30,522 float32
-# is 125 MB) whatever the batch
-LOGIT_CHUNK_TOKENS = 1024
+# tokens whose vocabulary-wide logits are computed at once: bounds the head's memory (2,048 x 30,522 bf16 is
+# 125 MB; an XLM-R vocabulary's 1 GB) whatever the batch
+LOGIT_CHUNK_TOKENS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +71,36 @@ class SpladeEncoder(Head):
         if meta is None:
             meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
         hidden = self.backbone.finish(self.backbone.encode(batch, meta))
+        if self.splade.pooling == "max":
+            return self.activate(self.pooled_logits(hidden, meta, "max"))
+        return self.pooled_logits(hidden, meta, "sum", activated=True)
+
+    def pooled_logits(
+        self, hidden: torch.Tensor, meta: AttentionMetadata, reduce: str, activated: bool = False
+    ) -> torch.Tensor:
+        """[num_tokens, hidden] -> [num_seqs, vocab_size]: each sequence's logits reduced over its tokens
+        (`activated`: their weights, float32), LOGIT_CHUNK_TOKENS tokens at a time, from the device's
+        cu_seqlens (no host sync). The max reduces raw logits in the model dtype (a max rounds nothing),
+        from 0: relu's floor."""
         num_tokens, num_seqs = hidden.shape[0], meta.num_seqs
         starts, ends = meta.cu_seqlens[:-1].long(), meta.cu_seqlens[1:].long()
-        pooled = hidden.new_zeros(num_seqs, self.mlm.decoder.out_features, dtype=torch.float32)
+        dtype = torch.float32 if activated else hidden.dtype
+        pooled = hidden.new_zeros(num_seqs, self.mlm.decoder.out_features, dtype=dtype)
         for first in range(0, num_tokens, LOGIT_CHUNK_TOKENS):
             last = min(first + LOGIT_CHUNK_TOKENS, num_tokens)
-            weights = torch.log1p(torch.relu(self.mlm(hidden[first:last]).float()))
-            if self.splade.log_twice:
-                weights = torch.log1p(weights)
-            # each sequence's tokens within this chunk, from the device's cu_seqlens (no host sync)
+            logits = self.mlm(hidden[first:last])
+            if activated:
+                logits = self.activate(logits)
             counts = (ends.clamp(max=last) - starts.clamp(min=first)).clamp(min=0)
-            reduce = "max" if self.splade.pooling == "max" else "sum"
-            part = torch.segment_reduce(weights, reduce, lengths=counts, axis=0, initial=0.0, unsafe=True)
+            part = torch.segment_reduce(logits, reduce, lengths=counts, axis=0, initial=0.0, unsafe=True)
             pooled = torch.maximum(pooled, part) if reduce == "max" else pooled + part
         return pooled
+
+    def activate(self, logits: torch.Tensor) -> torch.Tensor:
+        """log(1 + relu(x)) (twice for log1p_relu), float32. It rises with x, so the max of a sequence's
+        weights is the weight of its largest logit: max pooling activates once a sequence, not a token."""
+        weights = torch.log1p(torch.relu(logits.float()))
+        return torch.log1p(weights) if self.splade.log_twice else weights
 
     def weight_map(self) -> WeightTargets:
         layout, targets = self.layout, super().weight_map()
