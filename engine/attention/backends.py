@@ -18,7 +18,9 @@ the model (heads, head dim, dtype, window; see each backend's `check`):
 Measured on the H200 (bf16, per layer, CUDA-graph replays): FA3 against FA4 on Qwen3-0.6B's heads, 142
 against 122 us on one causal text of 4096 tokens but 174 against 206 on 50 x 512; both far ahead of FA2
 (359 and 578, its key/value heads repeated first). FA4 won only the first, by 14%, so it follows FA3.
-torch, the reference, is always last. flashinfer fits head dims 64/128/256 in bf16/fp16 only. Without
+torch, the reference, is always last. flashinfer fits head dims 64/128/256 in bf16/fp16 only, and as a
+candidate (auto, or triton's long sequences) only where its kernels need no compiling (prebuilt or in its
+JIT cache): a first request must not wait minutes for one; asked for by name, it compiles them. Without
 the model's head_dim and dtype, auto passes over every backend that has limits on them. A model with a
 relative position bias (MPNet) runs where one is added to the scores: triton (every length) or torch.
 """
@@ -116,7 +118,7 @@ def select_backend(
         known = ", ".join(["auto", *BACKENDS])
         raise AttentionBackendUnavailable(f"unknown attention backend {name!r}; known: {known}")
     try:
-        backend = _build(name, device, shape)
+        backend = _build(name, device, shape, asked_for=True)
     except AttentionBackendUnavailable as error:
         raise AttentionBackendUnavailable(
             f"attention backend {name!r} cannot run on {device}: {error}"
@@ -125,8 +127,9 @@ def select_backend(
     return backend
 
 
-def _build(name: str, device: torch.device, shape: dict) -> AttentionBackend:
+def _build(name: str, device: torch.device, shape: dict, asked_for: bool = False) -> AttentionBackend:
     backend = BACKENDS[name](device)
+    backend.asked_for = asked_for
     backend.check(**shape)
     return backend
 

@@ -28,6 +28,9 @@ class AttentionBackend:
     head_dims: frozenset[int] | None = None  # None: any
     dtypes: frozenset[torch.dtype] | None = None  # None: any
     reason: str = ""  # why select_backend chose it, for the start-up log
+    # chosen by name, not as a candidate: it may spend start-up time a candidate may not (flashinfer
+    # compiles a kernel module that is not prebuilt, minutes, where a candidate is passed over instead)
+    asked_for: bool = False
 
     def check(
         self,

@@ -13,8 +13,10 @@ against 578; BERT-base's (12, head dim 64) 50 x 512 126 against 163. A plan cost
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +134,7 @@ class FlashInferAttention(AttentionBackend):
     ) -> None:
         super().check(num_heads, num_kv_heads, head_dim, dtype, position_bias=position_bias)
         causal, window_left = mask_arguments(False, window)
-        if None in (num_heads, num_kv_heads, head_dim, dtype) or self.device.type != "cuda":
+        if None in (num_heads, num_kv_heads, head_dim, dtype):
             return
         self._load_kernels(PlanKey(num_heads, num_kv_heads, head_dim, dtype, causal, window_left))
 
@@ -246,23 +248,62 @@ class FlashInferAttention(AttentionBackend):
         )
 
     def _load_kernels(self, key: PlanKey) -> None:
-        """Plan and run one token at start-up, so a kernel module that is missing fails here, clearly."""
-        logger.info(
-            "flashinfer: loading ragged prefill kernels (%s); if not prebuilt and JIT is on, minutes",
-            key,
-        )
+        """Plan and run one token at start-up, so a kernel module that is missing fails here, clearly;
+        unless it was asked for by name, one that would have to be compiled is missing too (a candidate's
+        first request would wait minutes for it)."""
+        note = "; if not prebuilt, compiling them takes minutes" if self.asked_for else ""
+        logger.info("flashinfer: loading ragged prefill kernels (%s)%s", key, note)
         wrapper = self._new_wrapper()
         q = torch.zeros(1, key.num_heads, key.head_dim, dtype=key.dtype, device=self.device)
         k = torch.zeros(1, key.num_kv_heads, key.head_dim, dtype=key.dtype, device=self.device)
         try:
-            self._plan(wrapper, key, host_indptr((1,)))
-            wrapper.run(q, k, k)
+            try:
+                with contextlib.nullcontext() if self.asked_for else jit_disabled():
+                    self._plan(wrapper, key, host_indptr((1,)))
+                    wrapper.run(q, k, k)
+            except RuntimeError as error:
+                if not compiled_before(error):
+                    raise
+                self._plan(wrapper, key, host_indptr((1,)))  # its JIT cache holds it: loaded, not compiled
+                wrapper.run(q, k, k)
         except RuntimeError as error:  # flashinfer's MissingJITCacheError is one
+            if type(error).__name__ == "MissingJITCacheError" and not self.asked_for:
+                raise AttentionBackendUnavailable(
+                    f"flashinfer has no prebuilt ragged prefill kernels for {key}, and compiling them takes "
+                    "minutes: --attention-backend flashinfer compiles them at start-up"
+                ) from error
             raise AttentionBackendUnavailable(
                 f"flashinfer cannot load its ragged prefill kernels ({key}): {error}"
             ) from error
-        # this wrapper's pinned schedule buffer is freed on return: let its queued copy finish first
-        torch.cuda.current_stream(self.device).synchronize()
+        if self.device.type == "cuda":
+            # this wrapper's pinned schedule buffer is freed on return: let its queued copy finish first
+            torch.cuda.current_stream(self.device).synchronize()
+
+
+def compiled_before(error: RuntimeError) -> bool:
+    """A MissingJITCacheError for a module that flashinfer's JIT cache holds (compiled by an earlier run):
+    with JIT disabled it loads prebuilt modules only."""
+    spec = getattr(error, "spec", None)
+    return type(error).__name__ == "MissingJITCacheError" and bool(getattr(spec, "is_compiled", False))
+
+
+@contextlib.contextmanager
+def jit_disabled():
+    """flashinfer refuses to compile a missing module (MissingJITCacheError) while FLASHINFER_DISABLE_JIT
+    is set, which it reads as it loads one; set around the start-up probe only, where no other thread
+    loads kernels yet, and restored after."""
+    before = os.environ.get(DISABLE_JIT)
+    os.environ[DISABLE_JIT] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DISABLE_JIT]
+        else:
+            os.environ[DISABLE_JIT] = before
+
+
+DISABLE_JIT = "FLASHINFER_DISABLE_JIT"
 
 
 def flashinfer_backend(device: torch.device) -> FlashInferAttention:

@@ -1,6 +1,7 @@
 """A fake FlashInfer for CPU tests of the flashinfer adapter's glue: its ragged prefill wrapper records
 each plan and answers with the torch reference (keys laid out apart from the queries too)."""
 
+import os
 import sys
 import types
 
@@ -17,8 +18,22 @@ def reference(q, k, v, cu_seqlens, causal, window, scale=None):
     return TorchAttention().forward(q, k, v, meta, causal, window, scale)
 
 
+class MissingJITCacheError(RuntimeError):
+    """flashinfer's, by name: a kernel module not prebuilt while JIT is disabled; its spec says whether
+    the JIT cache holds it."""
+
+    def __init__(self, message: str, cached: bool):
+        super().__init__(message)
+        self.spec = types.SimpleNamespace(is_compiled=cached)
+
+
 class FakeRaggedWrapper:
-    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper's plan/run, answered by the torch reference."""
+    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper's plan/run, answered by the torch reference. Its
+    modules are prebuilt for PREBUILT_HEAD_DIMS only (None: all): plan() of another head dim "compiles" it
+    (noted in `compiled`) unless FLASHINFER_DISABLE_JIT is set, as flashinfer's loader does."""
+
+    PREBUILT_HEAD_DIMS: frozenset[int] | None = None
+    compiled: list[int] = []  # head dims compiled, in order; the JIT cache holds them from then on
 
     def __init__(
         self, float_workspace_buffer, kv_layout="NHD", backend="auto", use_cuda_graph=False, **buffers
@@ -49,6 +64,13 @@ class FakeRaggedWrapper:
     ):
         for indptr in (qo_indptr, kv_indptr):
             assert indptr.device.type == "cpu" and indptr.dtype == torch.int32
+        prebuilt = self.PREBUILT_HEAD_DIMS
+        if prebuilt is not None and head_dim_qk not in prebuilt:
+            cached = head_dim_qk in FakeRaggedWrapper.compiled
+            if os.environ.get("FLASHINFER_DISABLE_JIT"):
+                raise MissingJITCacheError(f"no module for head dim {head_dim_qk}", cached)
+            if not cached:
+                FakeRaggedWrapper.compiled.append(head_dim_qk)
         self.plans.append((qo_indptr.tolist(), num_qo_heads, num_kv_heads, head_dim_qk, causal, window_left))
         # keys laid out apart from the queries (shared prefixes): their own lengths, the mask ends aligned
         self.kv_indptrs.append(None if torch.equal(qo_indptr, kv_indptr) else kv_indptr.tolist())
@@ -67,10 +89,13 @@ class FakeRaggedWrapper:
         return TorchAttention().forward(q, k, v, meta, causal, window, self.sm_scale)
 
 
-def fake_flashinfer(monkeypatch) -> FlashInferAttention:
+def fake_flashinfer(monkeypatch, asked_for: bool = False) -> FlashInferAttention:
     """The flashinfer adapter on the CPU over the fake wrapper (for a test's monkeypatch)."""
     module = types.ModuleType("flashinfer")
     module.BatchPrefillWithRaggedKVCacheWrapper = FakeRaggedWrapper
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr("engine.attention.flashinfer_backend.WORKSPACE_BYTES", 16)
-    return FlashInferAttention(torch.device("cpu"))
+    monkeypatch.setattr(FakeRaggedWrapper, "compiled", [])
+    backend = FlashInferAttention(torch.device("cpu"))
+    backend.asked_for = asked_for
+    return backend

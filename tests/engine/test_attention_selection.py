@@ -2,6 +2,7 @@
 (flashinfer, flash_attn.cute, torch's varlen_attn) record their arguments and answer with the torch
 reference, so the outputs match it to atol 1e-5 in fp32."""
 
+import os
 import sys
 import types
 
@@ -163,6 +164,27 @@ def test_flashinfer_check(flashinfer_cpu):
         flashinfer_cpu.check(8, 2, 64, torch.float32)
     with pytest.raises(AttentionBackendUnavailable, match="only causal sliding windows"):
         flashinfer_cpu.check(8, 2, 64, torch.bfloat16, window=(4, 4))
+
+
+def test_flashinfer_as_a_candidate_never_compiles_a_missing_kernel_module(monkeypatch):
+    """A user's first Gemma3 request (head dim 256) waited minutes while FlashInfer compiled its module
+    behind the triton backend: as a candidate it is unavailable there instead; asked for, it compiles."""
+    from tests.engine.fake_flashinfer import FakeRaggedWrapper
+
+    monkeypatch.setattr(FakeRaggedWrapper, "PREBUILT_HEAD_DIMS", frozenset({64, 128}))
+    candidate = fake_flashinfer(monkeypatch)
+    candidate.check(8, 2, 128, torch.bfloat16)
+    with pytest.raises(AttentionBackendUnavailable, match="no prebuilt ragged prefill kernels"):
+        candidate.check(8, 2, 256, torch.bfloat16)
+    assert FakeRaggedWrapper.compiled == [] and "FLASHINFER_DISABLE_JIT" not in os.environ
+    asked_for = fake_flashinfer(monkeypatch, asked_for=True)
+    asked_for.check(8, 2, 256, torch.bfloat16)
+    assert FakeRaggedWrapper.compiled == [256]
+    # compiled by an earlier run, its JIT cache holds it: a candidate loads it
+    later = fake_flashinfer(monkeypatch)
+    FakeRaggedWrapper.compiled.append(256)
+    later.check(8, 2, 256, torch.bfloat16)
+    assert FakeRaggedWrapper.compiled == [256]
 
 
 def test_flashinfer_unavailable_without_the_package(monkeypatch):
