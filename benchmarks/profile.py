@@ -1,4 +1,5 @@
-"""`python -m benchmarks.profile [SHAPE] [BACKEND]`: where an engine step spends its time, on the BERT-base
+"""`python -m benchmarks.profile [SHAPE] [BACKEND] [QUANTIZATION] [CASES]`: where an engine step spends its
+time (QUANTIZATION "fp8": with --quantization fp8; CASES: a comma-separated subset), on the BERT-base
 shape (the default) at batch 1 x 128, at a full 16k-token batch of 50-token texts and at the scoring
 suite's 5 and 50 pairs of 512 tokens, on the Qwen3-0.6B shape at one text of 128 and of 4096 tokens
 and at 50 x 512 (the judge's body), or on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
@@ -29,6 +30,8 @@ def main(argv: list[str]) -> None:
     layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
     shape = argv[0] if argv else "bert-base"
     backend = argv[1] if len(argv) > 1 else "auto"
+    quantization = argv[2] if len(argv) > 2 else "none"
+    chosen = argv[3].split(",") if len(argv) > 3 else None
     max_batch_tokens = 32768  # the scoring suite's: 50 pairs of 512 tokens in one graph
     if shape == "qwen3-0.6b":
         checkpoint = save_qwen3(Path(tempfile.mkdtemp()), shape)
@@ -52,12 +55,14 @@ def main(argv: list[str]) -> None:
             "5x512": random_sequences([512] * 5, 3),
             "50x512": random_sequences([512] * 50, 3),
         }
+    if chosen is not None:
+        cases = {name: sequences for name, sequences in cases.items() if name in chosen}
     config = EngineConfig(
         device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=max_batch_tokens,
-        max_queue_tokens=2**21,
+        max_queue_tokens=2**21, quantization=quantization,
     )  # fmt: skip
     engine = build_engine(resolve_model(str(checkpoint.folder)), config)
-    print(f"{shape}: attention backend {engine.attention_backend}")
+    print(f"{shape}: attention backend {engine.attention_backend}, quantization {quantization}")
     runner = engine.runner
     try:
         for name, sequences in cases.items():
