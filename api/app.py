@@ -26,6 +26,7 @@ from api.routes.rerank import rerank_v1, rerank_v2
 from api.routes.score import score
 from api.routes.tei import embed_sparse_tei, embed_tei, info_tei, rerank_tei, tokenize_tei
 from api.server import Server
+from engine.errors import EngineError
 from engine.passing_thread import await_in_passing_thread
 
 
@@ -49,7 +50,11 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         # a thread of its own, not a pooled one: see engine/passing_thread.py
-        await await_in_passing_thread(server.load)
+        try:
+            await await_in_passing_thread(server.load)
+        except EngineError as refusal:  # `posy serve` says why in one line (api/refusal.py)
+            server.refusal = refusal
+            raise
         try:
             yield
         finally:

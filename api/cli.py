@@ -22,6 +22,7 @@ from api.config import (
     SHUTDOWN_TIMEOUT_S,
     ServerConfig,
 )
+from api.refusal import cannot_serve, serve_or_refuse
 from engine.config import MODEL_IMPLS
 from engine.source import POOLING_FLAGS
 
@@ -295,12 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = resolve_device(config.device)
         num_replicas = replica_count(config.replicas, device)
     except ValueError as error:
-        print(f"posy: cannot serve: {error}", file=sys.stderr)
-        return 2
+        return cannot_serve(error)
     engine_process = {"auto": None, "on": True, "off": False}[args.engine_process]
     if engine_process is False and (num_replicas > 1 or (args.api_workers or 1) > 1):
-        print("posy: cannot serve: --engine-process off needs one replica and one gateway", file=sys.stderr)
-        return 2
+        return cannot_serve("--engine-process off needs one replica and one gateway")
     cores = usable_cores()
     layout = choose_layout(device, cores, num_replicas, args.api_workers, engine_process)
     config = dataclasses.replace(
@@ -335,21 +334,31 @@ def _serve(config: ServerConfig) -> int:
     from api.drain import run_server
     from api.server import Server
     from api.workers import GatewaySupervisor
+    from engine.device import DTYPES
     from engine.errors import EngineError
+    from engine.weights import check_checkpoint
 
     server = Server(config)
     try:
-        server.resolve()
+        specs = server.resolve()
+        dtype = DTYPES[server.engine_config(max(spec.max_seq_length for spec in specs)).dtype]
+        # a checkpoint posy refuses fails here, before the port opens or a replica process starts
+        for spec in specs:
+            check_checkpoint(spec, dtype)
     except (EngineError, ValueError) as error:
-        print(f"posy: cannot serve: {error}", file=sys.stderr)
-        return 2
+        return cannot_serve(error)
     if config.api_workers > 1:
-        return GatewaySupervisor(config).run()
+        try:
+            return GatewaySupervisor(config).run()
+        except EngineError as refusal:  # a replica that would not start
+            return cannot_serve(refusal)
     app = create_app(config, server)
-    run_server(
-        app, server, config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout
+    return serve_or_refuse(
+        server,
+        lambda: run_server(
+            app, server, config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout
+        ),
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.errors import EngineError
 from engine.replica_pool import ReplicaPool
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
 from engine.source import ModelSource
@@ -45,6 +46,7 @@ class Server:
         self._replica_sets: list[ReplicaSet] = []
         self.draining = False
         self.engine_settings: EngineConfig | None = None  # what load() ran the engines with
+        self.refusal: EngineError | None = None  # why load() refused to serve, where it did (api/app.py)
         self.started_at = int(time.time())
 
     @property

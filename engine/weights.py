@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from engine.attention import AttentionBackend
+from engine.attention import AttentionBackend, select_backend
 from engine.config import QUANTIZATIONS
 from engine.errors import QuantizationUnavailable, WeightLoadError
 from engine.layers.fp8 import check_fp8, quantize_linears
@@ -77,6 +77,19 @@ def load_model(
     return model.eval().requires_grad_(False)
 
 
+def check_checkpoint(spec: ModelSpec, dtype: torch.dtype) -> None:
+    """Raise where load_model would refuse the checkpoint (its dtype, its tensors), from the tensors' names
+    and shapes alone (safetensors headers; the model on the meta device), so that it fails before anything
+    loads or starts. The transformers fallback checks its own at load."""
+    if spec.implementation == "transformers":
+        return
+    spec_entry(spec).family.backbone.check_dtype(spec, dtype)
+    with torch.device("meta"):
+        model = build_model(spec, select_backend("torch", "cpu"))
+    dense = {name: tensor.shape for name, tensor in dense_tensors(spec).items()}
+    match_weights(model, {**checkpoint_shapes(spec.path), **dense})
+
+
 def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
     """transformers' model for the spec (engine/models/fallback.py); an embedder's Dense modules are
     posy's, loaded as strictly as a packed model's."""
@@ -115,22 +128,41 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint: model.safetensors, its sharded index, or pytorch_model.bin."""
     from safetensors.torch import load_file
 
-    for index_name, load in (
-        ("model.safetensors.index.json", load_file),
-        ("pytorch_model.bin.index.json", load_pickle),
-    ):
+    files, tensors = checkpoint_files(folder), {}
+    # a large model's shards take a while each: say how far loading has come
+    for file in progress(files, f"reading {folder.name}'s weight shards", logger) if len(files) > 1 else files:
+        tensors.update(load_file(file) if file.suffix == ".safetensors" else load_pickle(file))
+    return tensors
+
+
+def checkpoint_shapes(folder: Path) -> dict[str, Sequence[int]]:
+    """Every tensor's shape, as read_checkpoint would read it, from safetensors headers (a pickle is mapped,
+    not read, where its format allows)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, Sequence[int]] = {}
+    for file in checkpoint_files(folder):
+        if file.suffix == ".safetensors":
+            with safe_open(file, framework="pt") as tensors:
+                shapes.update({name: tensors.get_slice(name).get_shape() for name in tensors.keys()})  # noqa: SIM118
+            continue
+        try:
+            pickled = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a pickle of the format before torch 1.6, which cannot be mapped
+            pickled = load_pickle(file)
+        shapes.update({name: tensor.shape for name, tensor in pickled.items()})
+    return shapes
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """A checkpoint's weight files: the shards its index names, model.safetensors, or pytorch_model.bin."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = read_json(folder / index_name)
         if index is not None:
-            tensors: dict[str, torch.Tensor] = {}
-            shards = sorted(set(index["weight_map"].values()))
-            # a large model's shards take a while each: say how far loading has come
-            for shard in progress(shards, f"reading {folder.name}'s weight shards", logger):
-                tensors.update(load(folder / shard))
-            return tensors
-    if (folder / "model.safetensors").is_file():
-        return load_file(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").is_file():
-        return load_pickle(folder / "pytorch_model.bin")
+            return [folder / shard for shard in sorted(set(index["weight_map"].values()))]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
     raise WeightLoadError(f"no weights in {folder} (model.safetensors, an index, or pytorch_model.bin)")
 
 
@@ -140,30 +172,41 @@ def load_pickle(path: Path) -> dict[str, torch.Tensor]:
 
 def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
     """Copy checkpoint tensors into the model through its name map; fail on any gap or surplus."""
+    matched = match_weights(model, {name: tensor.shape for name, tensor in tensors.items()})
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
+            for param_name, rows, *source_rows in matched.get(checkpoint_name, ()):
+                destination = params[param_name] if rows is None else params[param_name][rows]
+                destination.copy_(tensor[list(source_rows[0])] if source_rows else tensor)
+
+
+def match_weights(model: nn.Module, shapes: Mapping[str, Sequence[int]]) -> dict[str, list[WeightTarget]]:
+    """Each checkpoint tensor (by name and shape) -> where it goes, through the model's name map (ignored
+    ones left out); WeightLoadError on any missing, unexpected or misshapen tensor. Shapes only, so that a
+    model on the meta device checks a checkpoint whose tensors are not read (check_checkpoint)."""
     targets = model.weight_map()
     params = dict(model.named_parameters())
     ignored = tuple(model.ignored_weights)
     ignored_prefixes = tuple(prefix for prefix in ignored if prefix.endswith("."))
     missing = set(targets)
+    matched: dict[str, list[WeightTarget]] = {}
     unexpected, misshapen = [], []
-    with torch.no_grad():
-        for checkpoint_name, tensor in progress(list(tensors.items()), "copying weights", logger):
-            name = strip_prefix(modern_name(checkpoint_name), model.checkpoint_prefixes)
-            if name in ignored or name.startswith(ignored_prefixes):
-                continue
-            if name not in missing:  # unknown, or given twice (with and without a prefix)
-                unexpected.append(checkpoint_name)
-                continue
-            missing.discard(name)
-            given = targets[name]
-            for target in given if isinstance(given, list) else [given]:
-                param_name, rows, *source_rows = target
-                destination = params[param_name] if rows is None else params[param_name][rows]
-                source = tensor[list(source_rows[0])] if source_rows else tensor
-                if destination.shape != source.shape:
-                    misshapen.append(f"{checkpoint_name} {tuple(source.shape)} != {tuple(destination.shape)}")
-                    continue
-                destination.copy_(source)
+    for checkpoint_name, shape in shapes.items():
+        name = strip_prefix(modern_name(checkpoint_name), model.checkpoint_prefixes)
+        if name in ignored or name.startswith(ignored_prefixes):
+            continue
+        if name not in missing:  # unknown, or given twice (with and without a prefix, or a legacy name)
+            unexpected.append(checkpoint_name)
+            continue
+        missing.discard(name)
+        given = targets[name]
+        matched[checkpoint_name] = given if isinstance(given, list) else [given]
+        for param_name, rows, *source_rows in matched[checkpoint_name]:
+            expected = tuple(params[param_name].shape if rows is None else params[param_name][rows].shape)
+            source = (len(source_rows[0]), *shape[1:]) if source_rows else tuple(shape)
+            if expected != source:
+                misshapen.append(f"{checkpoint_name} {source} != {expected}")
     if missing or unexpected or misshapen:
         problems = [
             f"{label}: {sorted(names)}"
@@ -171,6 +214,7 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
             if names
         ]
         raise WeightLoadError(f"{type(model).__name__} checkpoint does not match; " + "; ".join(problems))
+    return matched
 
 
 def modern_name(name: str) -> str:

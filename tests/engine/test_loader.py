@@ -129,6 +129,46 @@ def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors, caplog):
     assert f"loaded {len(names)} checkpoint tensors" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda tensors: tensors.pop("encoder.layer.3.attention.self.key.bias"), "missing"),
+        (lambda tensors: tensors.update({"encoder.layer.0.rotary.weight": torch.zeros(4)}), "unexpected"),
+        (lambda tensors: tensors.update({"embeddings.token_type_embeddings.weight": torch.zeros(3, 384)}), "shape"),
+    ],
+)
+@pytest.mark.parametrize("layout", ["safetensors", "sharded", "pickled"])
+def test_check_checkpoint_refuses_what_the_load_refuses_without_reading_it(
+    tmp_path, minilm_tensors, edit, match, layout
+):
+    """From names and shapes alone (headers; the model on the meta device), in every checkpoint layout."""
+    from engine.weights import check_checkpoint
+
+    def save(tensors):
+        folder = make_folder(tmp_path / str(len(list(tmp_path.iterdir()))))
+        if layout == "pickled":
+            torch.save(tensors, folder / "pytorch_model.bin")
+        elif layout == "sharded":
+            names = sorted(tensors)
+            halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+            for shard, part in halves.items():
+                save_file({name: tensors[name] for name in part}, folder / shard)
+            weight_map = {name: shard for shard, part in halves.items() for name in part}
+            (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        else:
+            save_file(tensors, folder / "model.safetensors")
+        return resolve_model(str(folder))
+
+    check_checkpoint(save(dict(minilm_tensors)), torch.float32)
+    tensors = dict(minilm_tensors)
+    edit(tensors)
+    spec = save(tensors)
+    with pytest.raises(WeightLoadError, match=match):
+        check_checkpoint(spec, torch.float32)
+    with pytest.raises(WeightLoadError, match=match):
+        load(spec)
+
+
 def test_no_weights_fails_the_load(tmp_path):
     with pytest.raises(WeightLoadError, match="no weights"):
         load(resolve_model(str(make_folder(tmp_path))))
