@@ -30,6 +30,10 @@ class ApiError(Exception):
         if error_type is not None:
             self.error_type = error_type
 
+    def message_for(self, shape: ApiShape) -> str:
+        """The message as the API that was called words it (an error that names a field names its own)."""
+        return self.message
+
 
 class InvalidInput(ApiError):
     """The request is well-formed JSON but asks for something invalid."""
@@ -41,11 +45,11 @@ class InputTooLong(InvalidInput):
     ):
         """`at_least`: `num_tokens` were counted in the input's start only (api/tokenize.py)."""
         count = f"more than {num_tokens}" if at_least else f"{num_tokens}"
-        super().__init__(
-            f"input {index} has {count} tokens, more than the model's maximum of {max_tokens}; "
-            "shorten it or ask for truncation (truncate_prompt_tokens, or --auto-truncate)",
-            param,
-        )
+        self.figures = f"input {index} has {count} tokens, more than the model's maximum of {max_tokens}"
+        super().__init__(self.message_for(ApiShape.OPENAI), param)
+
+    def message_for(self, shape: ApiShape) -> str:
+        return f"{self.figures}; shorten it or ask for truncation ({TRUNCATION_FIELDS[shape]})"
 
 
 class RequestTooLarge(InvalidInput):
@@ -145,6 +149,12 @@ class ApiShape(Enum):
     TEI = "tei"
 
 
+# how each API asks for an over-long input to be truncated instead of refused
+TRUNCATION_FIELDS = {
+    ApiShape.OPENAI: "truncate_prompt_tokens, or --auto-truncate",
+    ApiShape.COHERE: 'truncate "END" or "START"',
+    ApiShape.TEI: "truncate: true, or --auto-truncate",
+}
 TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/rerank", "/tokenize", "/info"})
 
 
@@ -219,8 +229,9 @@ def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]
     """The status, the body in the called API's shape, and the headers of the answer to `exc`."""
     status, error, headers = _status_and_error(exc, request_id_of(scope))
     shape = shape_of(scope["path"])
+    message = error.message_for(shape)
     if shape is ApiShape.COHERE:
-        body: dict = {"message": error.message}
+        body: dict = {"message": message}
     elif shape is ApiShape.TEI:
         # TEI answers invalid input with 422 (a request too large: 413) and names the kind of error
         if status == 400:
@@ -228,11 +239,11 @@ def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]
         tei_type = {413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy"}.get(
             status, "Backend"
         )
-        body = {"error": error.message, "error_type": tei_type}
+        body = {"error": message, "error_type": tei_type}
     else:
         body = {
             "error": {
-                "message": error.message,
+                "message": message,
                 "type": error.error_type,
                 "param": error.param,
                 "code": status,

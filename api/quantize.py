@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 import numpy as np
 import orjson
@@ -55,6 +57,20 @@ def float_json(vectors: np.ndarray) -> msgspec.Raw:
     """A vector, or a matrix row by row, as float_rows writes each vector."""
     single = np.ascontiguousarray(vectors, dtype=np.float32)  # orjson reads C-contiguous arrays only
     return msgspec.Raw(orjson.dumps(single, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def sparse_json(texts: Sequence[tuple[Sequence[int], Sequence[float]]]) -> msgspec.Raw:
+    """Each text's (token ids, weights) as TEI's /embed_sparse writes them, [[{"index", "value"}, ...], ...],
+    each weight a float32 in its shortest form, as float_rows writes a vector's (orjson, from float32
+    scalars)."""
+    body = [
+        [
+            {"index": index, "value": value}
+            for index, value in zip(np.asarray(ids, np.int64).tolist(), np.asarray(weights, np.float32))
+        ]
+        for ids, weights in texts
+    ]
+    return msgspec.Raw(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 def by_type(vectors: np.ndarray, embedding_type: str) -> list:

@@ -17,7 +17,7 @@ from api.inputs import check_texts
 from api.models import EMBED, RERANK, SPARSE_EMBED
 from api.openapi import package_version
 from api.prompts import select_prompt
-from api.quantize import float_json
+from api.quantize import float_json, sparse_json
 from api.responses import EncodedJson, documented
 from api.routes.rerank import check_documents, ranking, score_texts
 from api.schemas.cohere import TeiRank, TeiRerankRequest
@@ -101,10 +101,11 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if spec.m3:
         unused = unused_token_ids(encoder.tokenizer, spec.path)
-        weights = [sorted(output.lexical.items()) for output in m3_outputs(rows, sequences, unused)]
+        lexical = [output.lexical for output in m3_outputs(rows, sequences, unused)]
+        weights = [(sorted(text), [text[token] for token in sorted(text)]) for text in lexical]
     else:
-        weights = [list(zip(*(part.tolist() for part in nonzero_weights(row)))) for row in rows]
-    return EncodedJson([[TeiSparseValue(index, value) for index, value in text] for text in weights])
+        weights = [nonzero_weights(row) for row in rows]
+    return EncodedJson(sparse_json(weights))
 
 
 @post(

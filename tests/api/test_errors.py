@@ -125,3 +125,21 @@ def test_server_keeps_serving_after_bad_requests(client):
     response = client.post(OPENAI, json={"input": "still alive"})
     assert response.status_code == 200
     assert len(response.json()["data"][0]["embedding"]) == 384
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "asks", "foreign"),
+    [
+        ("/v1/embeddings", {"input": ["a", "word " * 300]}, "truncate_prompt_tokens", 'truncate "END"'),
+        ("/v2/embed", {"texts": ["word " * 300], "truncate": "NONE"}, 'truncate "END" or "START"', "_prompt"),
+        ("/embed", {"inputs": ["word " * 300]}, "truncate: true", "truncate_prompt_tokens"),
+    ],
+)
+def test_an_over_long_input_names_the_called_apis_truncation_field(client, path, body, asks, foreign):
+    response = client.post(path, json=body)
+    assert 400 <= response.status_code < 500, response.text
+    payload = response.json()
+    message = payload.get("message") or payload["error"]
+    message = message["message"] if isinstance(message, dict) else message
+    assert "more than the model's maximum of 256" in message
+    assert asks in message and foreign not in message
