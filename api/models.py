@@ -25,13 +25,17 @@ RERANK = "rerank"
 TOKEN_EMBED = "token_embed"  # a vector a token (ColBERT; bge-m3's ColBERT vectors)
 SPARSE_EMBED = "sparse_embed"  # vocabulary weights (SPLADE; bge-m3's lexical weights)
 CLASSIFY = "classify"  # a sequence classifier's labels
-# where each task is served, for the error that names what a model can do
+SCORE = "score"  # vLLM's /score: a pair's relevance, from whatever ranks
+POOLING = "pooling"  # vLLM's /pooling: a pooled vector, or token vectors
+# where each task is served, for the error that names what a model can do; in the order /v1/models lists them
 TASK_ROUTES = {
     EMBED: "/v1/embeddings",
-    RERANK: "/v1/rerank",
     TOKEN_EMBED: "/pooling with task token_embed",
     SPARSE_EMBED: "/embed_sparse",
+    RERANK: "/v1/rerank",
+    SCORE: "/score",
     CLASSIFY: "/classify",
+    POOLING: "/pooling",
 }
 
 
@@ -53,6 +57,14 @@ class ServedModel:
 
     @property
     def tasks(self) -> tuple[str, ...]:
+        """Every task it serves: what it gives, then the routes that serve any model giving that (/score
+        whatever ranks, /pooling whatever embeds or gives token vectors)."""
+        own = set(self._own_tasks())
+        served = own | ({SCORE} if RERANK in own else set()) | ({POOLING} if own & {EMBED, TOKEN_EMBED} else set())
+        return tuple(task for task in TASK_ROUTES if task in served)
+
+    def _own_tasks(self) -> tuple[str, ...]:
+        """What the model itself gives."""
         spec = self.spec
         if spec.m3:
             return (EMBED, RERANK, TOKEN_EMBED, SPARSE_EMBED)

@@ -206,10 +206,13 @@ def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
 @pytest.mark.parametrize(
     "family, tasks, matryoshka",
     [
-        *[pytest.param(family, ["embed", "rerank"], family.matryoshka, id=family.id) for family in EMBEDDERS],
+        *[
+            pytest.param(family, ["embed", "rerank", "score", "pooling"], family.matryoshka, id=family.id)
+            for family in EMBEDDERS
+        ],
         # a sequence classifier also labels texts (/classify); a judge (a causal LM) only ranks
-        *[pytest.param(family, ["rerank", "classify"], None, id=family.id) for family in CROSS_ENCODERS],
-        pytest.param(QWEN3_RERANKER, ["rerank"], None, id=QWEN3_RERANKER.id),
+        *[pytest.param(family, ["rerank", "score", "classify"], None, id=family.id) for family in CROSS_ENCODERS],
+        pytest.param(QWEN3_RERANKER, ["rerank", "score"], None, id=QWEN3_RERANKER.id),
     ],
 )
 def test_models_list_describes_the_family(serve, family, tasks, matryoshka):

@@ -221,7 +221,7 @@ def test_embed_sparse_on_a_dense_model_is_teis_422(minilm_path):
 def test_models_list_the_token_tasks(client):
     tasks = {model["id"]: model["tasks"] for model in client.get("/v1/models").json()["data"]}
     assert tasks == {
-        "colbert": ["token_embed", "rerank"],
+        "colbert": ["token_embed", "rerank", "score", "pooling"],
         "splade": ["sparse_embed"],
-        "m3": ["embed", "rerank", "token_embed", "sparse_embed"],
+        "m3": ["embed", "token_embed", "sparse_embed", "rerank", "score", "pooling"],
     }
