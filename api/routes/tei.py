@@ -34,6 +34,9 @@ from scoring.lexical import nonzero_weights
 from scoring.m3_rows import m3_outputs, unused_token_ids
 from scoring.rerank import RerankOptions
 
+# posy's pooling -> TEI's name for it in /info
+TEI_POOLINGS = {"cls": "cls", "mean": "mean", "last": "last_token"}
+
 
 @post(
     "/embed",
@@ -174,7 +177,9 @@ def info_tei(server: NamedDependency[Server]) -> TeiInfo:
     model = server.registry().models[0]
     spec = model.spec
     if spec.task == "embed":
-        model_type = {"embedding": {"pooling": spec.pooling}}
+        model_type = {"embedding": {"pooling": TEI_POOLINGS[spec.pooling]}}
+    elif spec.task == SPARSE_EMBED:
+        model_type = {"embedding": {"pooling": "splade"}}
     else:
         labels = {str(index): f"LABEL_{index}" for index in range(spec.num_labels or 1)}
         model_type = {"reranker": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}

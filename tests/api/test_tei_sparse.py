@@ -71,3 +71,8 @@ def test_an_over_long_input_is_a_422_naming_truncate(client):
         kept = client.post("/embed_sparse", json=body)
         assert kept.status_code == 200 and len(kept.json()) == 2
     assert client.get("/health").status_code == 200
+
+
+def test_info_describes_a_splade_model_as_tei_does(client):
+    """The first served model (the SPLADE one) is an embedding model pooled by splade, not a reranker."""
+    assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
