@@ -48,11 +48,17 @@ def tiny_bert_config(minilm: Path, model_type: str = "bert", architecture: str =
     )
 
 
-def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+# the tests' noise; a real-size model at that scale is chaotic (a bf16 rounding moves a 28-layer Qwen3's
+# outputs to cosine 0.88), so the tokens suite's real sizes take trained weights' scale instead
+NOISE_STD = 0.2
+REAL_SIZE_STD = 0.04
+
+
+def randomized(model: torch.nn.Module, seed: int, std: float = NOISE_STD) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            noise = torch.randn(parameter.shape, generator=generator) * std
             is_norm_scale = "LayerNorm.weight" in name or "layer_norm.weight" in name
             parameter.copy_(1 + noise if is_norm_scale else noise)
     return model.eval()
@@ -71,6 +77,7 @@ def colbert_checkpoints(
     dim: int = COLBERT_DIM,
     lengths: tuple[int, int] = (QUERY_LENGTH, DOCUMENT_LENGTH),
     modernbert: bool = False,
+    std: float = NOISE_STD,
 ) -> tuple[Path, Path]:
     """(colbert-ai folder, PyLate folder) of one random BERT ColBERT with a `dim`-wide projection and the
     query and document `lengths` (the tests': 16, 12 and 24); `modernbert`: a ModernBERT one (as
@@ -79,7 +86,7 @@ def colbert_checkpoints(
     from transformers import BertModel
 
     bert = randomized(
-        tiny_modernbert(minilm) if modernbert else BertModel(tiny_bert_config(minilm, shape=shape)), seed
+        tiny_modernbert(minilm) if modernbert else BertModel(tiny_bert_config(minilm, shape=shape)), seed, std
     )
     prefix = bert.base_model_prefix
     generator = torch.Generator().manual_seed(seed + 1)
@@ -168,6 +175,7 @@ def splade_checkpoint(
     shape=TINY,
     activation: str = "relu",
     family: str = "bert",
+    std: float = NOISE_STD,
 ) -> Path:
     """A random *ForMaskedLM of the BERT `family` (bert, roberta, distilbert) saved as a
     sentence-transformers SparseEncoder (MLMTransformer, SpladePooling)."""
@@ -187,7 +195,7 @@ def splade_checkpoint(
     else:
         architecture = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}[family]
         config = tiny_bert_config(minilm, family, architecture, shape=shape)
-    model = randomized(AutoModelForMaskedLM.from_config(config), seed)
+    model = randomized(AutoModelForMaskedLM.from_config(config), seed, std)
     model.save_pretrained(source)
     copy_tokenizer(minilm, source)
     modules = [MLMTransformer(str(source)), SpladePooling(pooling, activation_function=activation)]
@@ -196,13 +204,13 @@ def splade_checkpoint(
     return folder
 
 
-def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0, shape=TINY) -> Path:
+def m3_checkpoint(minilm: Path, folder: Path, seed: int = 0, shape=TINY, std: float = NOISE_STD) -> Path:
     """bge-m3's layout over a random XLM-RoBERTa encoder: the sentence-transformers dense model ([CLS],
     normalized) beside colbert_linear.pt and sparse_linear.pt."""
     from transformers import XLMRobertaModel
 
     config = tiny_bert_config(minilm, "xlm-roberta", "XLMRobertaModel", shape)
-    model = randomized(XLMRobertaModel(config), seed)
+    model = randomized(XLMRobertaModel(config), seed, std)
     model.save_pretrained(folder)
     copy_tokenizer(minilm, folder)
     hidden = model.config.hidden_size
@@ -296,7 +304,11 @@ def byte_level_tokenizer(vocab_size: int = 400):
 
 
 def listwise_checkpoint(
-    folder: Path, seed: int = 0, shape=TINY_QWEN3, max_position_embeddings: int = 2048
+    folder: Path,
+    seed: int = 0,
+    shape=TINY_QWEN3,
+    max_position_embeddings: int = 2048,
+    std: float = NOISE_STD,
 ) -> Path:
     """jina-reranker-v3's layout: a Qwen3 model under `model.`, an LM head (unread), and the projector
     (hidden -> hidden / 2 -> 512, no biases), config architecture JinaForRanking."""
@@ -320,7 +332,7 @@ def listwise_checkpoint(
     tensors = {}
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator) * 0.2
+            noise = torch.randn(parameter.shape, generator=generator) * std
             parameter.copy_(1 + noise if name.endswith("norm.weight") else noise)
             tensors[f"model.{name}"] = parameter.detach().clone()
     hidden = config.hidden_size

@@ -4,17 +4,17 @@ weights, bf16 on both sides, in the same run:
 - its rerank (MaxSim of 100 documents against a query, on the device) against colbert-ai's vectors scored
   with torch;
 - SPLADE (BERT-base's masked-LM head) against sentence-transformers' SparseEncoder;
-- bge-m3 (XLM-RoBERTa-large, dense + lexical + ColBERT from one forward) against FlagEmbedding's M3 model;
+- bge-m3 (XLM-RoBERTa-large, dense + lexical + ColBERT from one forward) against FlagEmbedding's M3 model,
+  and its dense vectors alone (a /v1/embeddings request: each text's first row off the device);
 - a listwise ranker (jina-reranker-v3's shape: Qwen3-0.6B, prompts of 20 documents) against transformers'
   Qwen3Model with the projector, a prompt at a time.
-- bge-m3's dense vectors alone (a /v1/embeddings request: each text's first row off the device).
 Token ids in, outputs on the host out, each reference in padded batches of 32 as its encode() runs them
 (colbert-ai with its default fp16 autocast): real tokens per second on each side against the case's target
 ratio, and posy's parity against the reference in fp32 (min cosine of the vectors; SPLADE and bge-m3's
-weights: the largest error over the largest weight; MaxSim: the largest relative error). Random weights
-make bf16 drift further than trained ones do, so beside each parity figure stands the reference package's
-own in bf16 (no autocast) against its fp32, from the same run: posy passes within FLOOR_FACTOR of it, or
-within the fixed tolerance. `--smoke` runs tiny shapes on the CPU."""
+weights: the largest error over the largest weight; MaxSim: the largest relative error). The real sizes'
+random weights have trained weights' scale (REAL_SIZE_STD); beside each parity figure stands the reference
+package's own in bf16 (no autocast) against its fp32, from the same run: posy passes within FLOOR_FACTOR of
+it, or within the fixed tolerance. `--smoke` runs tiny shapes on the CPU."""
 
 from __future__ import annotations
 
@@ -73,6 +73,13 @@ def mixed_lengths(count: int, smoke: bool) -> list[int]:
     return np.random.default_rng(2).integers(16, 64 if smoke else 512, count).tolist()
 
 
+def std_of(smoke: bool) -> float:
+    """The random weights' scale: the tests' for the tiny shapes, trained weights' for the real sizes."""
+    from benchmarks.token_checkpoints import NOISE_STD, REAL_SIZE_STD
+
+    return NOISE_STD if smoke else REAL_SIZE_STD
+
+
 def build_colbert(folder: Path, smoke: bool) -> tuple[Path, Reference]:
     served = colbert_folder(folder, smoke)
     return served, colbert_ai_documents(served)
@@ -86,7 +93,8 @@ def colbert_folder(folder: Path, smoke: bool) -> Path:
 
     lengths = (12, 24) if smoke else (32, 180)
     shape = TINY if smoke else BERT_BASE
-    return colbert_checkpoints(Path(get_model_path()), folder, shape=shape, dim=128, lengths=lengths)[0]
+    minilm = Path(get_model_path())
+    return colbert_checkpoints(minilm, folder, shape=shape, dim=128, lengths=lengths, std=std_of(smoke))[0]
 
 
 def build_splade(folder: Path, smoke: bool) -> tuple[Path, Reference]:
@@ -94,7 +102,7 @@ def build_splade(folder: Path, smoke: bool) -> tuple[Path, Reference]:
 
     from benchmarks.token_checkpoints import BERT_BASE, TINY, splade_checkpoint
 
-    splade_checkpoint(Path(get_model_path()), folder, shape=TINY if smoke else BERT_BASE)
+    splade_checkpoint(Path(get_model_path()), folder, shape=TINY if smoke else BERT_BASE, std=std_of(smoke))
     return folder, sparse_encoder_weights(folder)
 
 
@@ -103,7 +111,9 @@ def build_m3(folder: Path, smoke: bool, dense_only: bool = False) -> tuple[Path,
 
     from benchmarks.token_checkpoints import TINY, XLM_ROBERTA_LARGE, m3_checkpoint
 
-    m3_checkpoint(Path(get_model_path()), folder, shape=TINY if smoke else XLM_ROBERTA_LARGE)
+    m3_checkpoint(
+        Path(get_model_path()), folder, shape=TINY if smoke else XLM_ROBERTA_LARGE, std=std_of(smoke)
+    )
     return folder, flag_m3_rows(folder, dense_only)
 
 
@@ -136,9 +146,8 @@ QWEN3_0_6B = {
 def build_listwise(folder: Path, smoke: bool) -> tuple[Path, Reference]:
     from benchmarks.token_checkpoints import TINY_QWEN3, listwise_checkpoint
 
-    served = listwise_checkpoint(
-        folder, shape=TINY_QWEN3 if smoke else QWEN3_0_6B, max_position_embeddings=8192
-    )
+    shape = TINY_QWEN3 if smoke else QWEN3_0_6B
+    served = listwise_checkpoint(folder, shape=shape, max_position_embeddings=8192, std=std_of(smoke))
     return served, listwise_vectors(served)
 
 
@@ -223,10 +232,12 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
             for _ in range(3):  # eager, capture, replay
                 rows = posy_rows()
             posy = timed(posy_rows, rounds * 2, device)
-            reference(sequences, device, dtype, autocast=True)  # warm-up
-            theirs = timed(lambda: reference(sequences, device, dtype, autocast=True), rounds, device)
+            # fp32 first: the reference converts its model in place, and a copy through bf16 would keep
+            # the rounded weights
             expected = reference(sequences, device, torch.float32)
             floor = reference(sequences, device, dtype)  # the reference's own bf16, against its fp32
+            reference(sequences, device, dtype, autocast=True)  # warm-up
+            theirs = timed(lambda: reference(sequences, device, dtype, autocast=True), rounds, device)
         finally:
             engine.stop()
             loop.close()

@@ -110,7 +110,8 @@ def colbert_ai_max_sim(folder: Path, query: Sequence[int]) -> Reference:
             scores = []
             for batch in batches(sequences):
                 vectors, kept = checkpoint.doc(*padded(batch, device), keep_dims="return_mask")
-                similarity = vectors @ query_vectors.T  # [docs, tokens, query tokens]
+                # in the documents' dtype, as colbert-ai's colbert_score does (under autocast the two differ)
+                similarity = vectors @ query_vectors.to(vectors.dtype).T  # [docs, tokens, query tokens]
                 similarity = similarity.masked_fill(~kept.bool().view(*kept.shape[:2], 1), -1e4)
                 scores.append(similarity.max(dim=1).values.sum(dim=1).float().cpu().numpy())
         return np.concatenate(scores)[:, None]
