@@ -353,12 +353,8 @@ def _serve(config: ServerConfig) -> int:
         except EngineError as refusal:  # a replica that would not start
             return cannot_serve(refusal)
     app = create_app(config, server)
-    return serve_or_refuse(
-        server,
-        lambda: run_server(
-            app, server, config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout
-        ),
-    )
+    flags = (config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout)
+    return serve_or_refuse(server, lambda: run_server(app, server, *flags))
 
 
 if __name__ == "__main__":

@@ -59,8 +59,11 @@ class ServedModel:
     def tasks(self) -> tuple[str, ...]:
         """Every task it serves: what it gives, then the routes that serve any model giving that (/score
         whatever ranks, /pooling whatever embeds or gives token vectors)."""
-        own = set(self._own_tasks())
-        served = own | ({SCORE} if RERANK in own else set()) | ({POOLING} if own & {EMBED, TOKEN_EMBED} else set())
+        served = set(self._own_tasks())
+        if RERANK in served:
+            served.add(SCORE)
+        if served & {EMBED, TOKEN_EMBED}:
+            served.add(POOLING)
         return tuple(task for task in TASK_ROUTES if task in served)
 
     def _own_tasks(self) -> tuple[str, ...]:

@@ -211,7 +211,10 @@ def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
             for family in EMBEDDERS
         ],
         # a sequence classifier also labels texts (/classify); a judge (a causal LM) only ranks
-        *[pytest.param(family, ["rerank", "score", "classify"], None, id=family.id) for family in CROSS_ENCODERS],
+        *[
+            pytest.param(family, ["rerank", "score", "classify"], None, id=family.id)
+            for family in CROSS_ENCODERS
+        ],
         pytest.param(QWEN3_RERANKER, ["rerank", "score"], None, id=QWEN3_RERANKER.id),
     ],
 )

@@ -31,7 +31,8 @@ def read_splade(name: str, folder: Path, modules: list[dict]) -> SpladeConfig:
     if kinds not in SPLADE_MODULES:
         layouts = " or ".join(" -> ".join(layout) for layout in SPLADE_MODULES)
         raise UnsupportedModel(
-            f"model {name!r}: sparse-encoder modules {list(kinds)} are not supported; posy runs {layouts} (SPLADE)"
+            f"model {name!r}: sparse-encoder modules {list(kinds)} are not supported; posy runs {layouts} "
+            "(SPLADE)"
         )
     if kinds[0] == "Transformer":
         transformer = folder / (sentence_transformers_path(modules, "Transformer") or "")

@@ -179,10 +179,11 @@ def read_spec(
     elif modules is not None and task == "embed":
         pooling, normalize, dense = sentence_transformers_pooling(name, folder, modules)
     if pooling_flag is not None:
-        if task != ("sparse_embed" if pooling_flag == "splade" else "embed"):
+        splade_flag = pooling_flag == "splade"
+        if task != ("sparse_embed" if splade_flag else "embed"):
+            pools = "a masked LM" if splade_flag else "an embedding model"
             raise UnsupportedModel(
-                f"model {name!r}: --pooling {pooling_flag} pools "
-                f"{'a masked LM' if pooling_flag == 'splade' else 'an embedding model'}; this model serves {task}"
+                f"model {name!r}: --pooling {pooling_flag} pools {pools}; this model serves {task}"
             )
         pooling = POOLING_FLAGS[pooling_flag] if splade is None else pooling
     sizes = [hf_config.hidden_size, *(layer.out_features for layer in dense)]

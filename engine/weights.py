@@ -130,7 +130,8 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
 
     files, tensors = checkpoint_files(folder), {}
     # a large model's shards take a while each: say how far loading has come
-    for file in progress(files, f"reading {folder.name}'s weight shards", logger) if len(files) > 1 else files:
+    shown = progress(files, f"reading {folder.name}'s weight shards", logger) if len(files) > 1 else files
+    for file in shown:
         tensors.update(load_file(file) if file.suffix == ".safetensors" else load_pickle(file))
     return tensors
 

@@ -176,7 +176,8 @@ def fallback_entry(architecture: str, sentence_transformers: bool = False) -> Mo
     splade = "; --pooling splade serves a masked LM as SPLADE" if architecture.endswith("ForMaskedLM") else ""
     raise UnsupportedModel(
         f"architecture {architecture!r} is not supported: posy packs {', '.join(supported())}; transformers "
-        f"runs a bare *Model, a *ForSequenceClassification, or a checkpoint with sentence-transformers files{splade}"
+        "runs a bare *Model, a *ForSequenceClassification, or a checkpoint with sentence-transformers "
+        f"files{splade}"
     )
 
 

@@ -36,7 +36,9 @@ def test_classify_gives_the_classifiers_probabilities_and_label(
         assert response.status_code == 200, response.text
         payload = response.json()
         tasks = client.get("/v1/models").json()["data"][0]["tasks"]
-    assert tasks == (["rerank", "score", "classify"] if num_labels == 1 else ["classify"])  # 3 labels rank nothing
+    assert tasks == (
+        ["rerank", "score", "classify"] if num_labels == 1 else ["classify"]
+    )  # 3 labels rank nothing
     assert payload["usage"]["prompt_tokens"] == sum(map(len, ids))
     for item, want in zip(payload["data"], expected.numpy()):
         np.testing.assert_allclose(item["probs"], want, atol=1e-5)

@@ -41,7 +41,9 @@ def client(minilm_path, tmp_path_factory):
         "splade": str(splade_checkpoint(minilm_path, root / "splade")),
         "m3": str(m3_checkpoint(minilm_path, root / "m3")),
     }
-    config = ServerConfig(models=tuple(folders.values()), served_model_names=tuple((name,) for name in folders))
+    config = ServerConfig(
+        models=tuple(folders.values()), served_model_names=tuple((name,) for name in folders)
+    )
     with TestClient(create_app(config)) as test_client:
         yield test_client
 
@@ -50,7 +52,9 @@ def test_models_keep_openais_list_shape_and_list_their_tasks(client):
     listed = client.get("/v1/models").json()
     assert listed["object"] == "list"
     for model in listed["data"]:
-        assert model["object"] == "model" and model["owned_by"] == "posy" and isinstance(model["created"], int)
+        assert (
+            model["object"] == "model" and model["owned_by"] == "posy" and isinstance(model["created"], int)
+        )
     assert {model["id"]: model["tasks"] for model in listed["data"]} == EXPECTED
 
 

@@ -47,10 +47,14 @@ def test_a_missing_tensor_is_one_line(minilm_path, tmp_path, layout):
 def test_an_unsupported_splade_pooling_is_one_line(minilm_path, tmp_path):
     folder = splade_checkpoint(minilm_path, tmp_path / "splade")
     (folder / "1_SpladePooling" / "config.json").write_text(json.dumps({"pooling_strategy": "mean"}))
-    assert_refused(serve("--model", str(folder)), "SpladePooling {'pooling_strategy': 'mean'} is not supported")
+    assert_refused(
+        serve("--model", str(folder)), "SpladePooling {'pooling_strategy': 'mean'} is not supported"
+    )
 
 
 def test_a_refusal_while_the_lifespan_loads_is_one_line():
     """What only building the engine finds (here an attention backend the CPU cannot run) is refused in the
     lifespan, under uvicorn, which would log Litestar's exception group."""
-    assert_refused(serve("--attention-backend", "flashinfer"), "attention backend 'flashinfer' cannot run on cpu")
+    assert_refused(
+        serve("--attention-backend", "flashinfer"), "attention backend 'flashinfer' cannot run on cpu"
+    )

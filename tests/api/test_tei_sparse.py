@@ -22,7 +22,10 @@ MAX_FLOAT32_DIGITS = 9
 @pytest.fixture(scope="module")
 def client(minilm_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("sparse-models")
-    models = (str(splade_checkpoint(minilm_path, root / "splade")), str(m3_checkpoint(minilm_path, root / "m3")))
+    models = (
+        str(splade_checkpoint(minilm_path, root / "splade")),
+        str(m3_checkpoint(minilm_path, root / "m3")),
+    )
     config = ServerConfig(models=models, served_model_names=(("splade",), ("m3",)))
     with TestClient(create_app(config)) as test_client:
         yield test_client

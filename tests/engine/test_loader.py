@@ -79,7 +79,9 @@ def legacy_names(tensors):
     renamed = {}
     for name, tensor in tensors.items():
         if ".LayerNorm." in name:
-            name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+            name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+                "LayerNorm.bias", "LayerNorm.beta"
+            )
         renamed[name] = tensor
     return renamed
 
@@ -134,7 +136,10 @@ def test_sharded_and_pickled_checkpoints(tmp_path, minilm_tensors, caplog):
     [
         (lambda tensors: tensors.pop("encoder.layer.3.attention.self.key.bias"), "missing"),
         (lambda tensors: tensors.update({"encoder.layer.0.rotary.weight": torch.zeros(4)}), "unexpected"),
-        (lambda tensors: tensors.update({"embeddings.token_type_embeddings.weight": torch.zeros(3, 384)}), "shape"),
+        (
+            lambda tensors: tensors.update({"embeddings.token_type_embeddings.weight": torch.zeros(3, 384)}),
+            "shape",
+        ),
     ],
 )
 @pytest.mark.parametrize("layout", ["safetensors", "sharded", "pickled"])

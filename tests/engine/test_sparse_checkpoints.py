@@ -61,10 +61,14 @@ def test_legacy_layer_norm_names_match_sentence_transformers(minilm_path, tmp_pa
     folder = splade_checkpoint(minilm_path, tmp_path / "splade")
     tensors = load_file(folder / "model.safetensors")
     legacy = {
-        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): tensor
+        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): tensor
         for name, tensor in tensors.items()
     }
-    assert "cls.predictions.transform.LayerNorm.gamma" in legacy and "bert.embeddings.LayerNorm.beta" in legacy
+    assert (
+        "cls.predictions.transform.LayerNorm.gamma" in legacy and "bert.embeddings.LayerNorm.beta" in legacy
+    )
     save_file(legacy, folder / "model.safetensors", metadata={"format": "pt"})
     assert_same_weights(sparse_weights(resolve_model(str(folder))), reference_weights(folder))
 
@@ -76,7 +80,9 @@ def test_sentence_transformers_6_folder_matches_sentence_transformers(minilm_pat
     from sentence_transformers import SparseEncoder
 
     folder = tmp_path / "st6"
-    SparseEncoder(str(masked_lm(minilm_path, tmp_path / "mlm", family)), device="cpu").save_pretrained(str(folder))
+    SparseEncoder(str(masked_lm(minilm_path, tmp_path / "mlm", family)), device="cpu").save_pretrained(
+        str(folder)
+    )
     kinds = [module["type"] for module in json.loads((folder / "modules.json").read_text())]
     assert kinds[0].endswith(".Transformer") and kinds[1].endswith(".SpladePooling")
     spec = resolve_model(str(folder))
@@ -133,14 +139,18 @@ def test_pooling_splade_asks_for_a_masked_lm(minilm_path, tmp_path):
 def test_an_unsupported_splade_pooling_is_refused_at_resolve(minilm_path, tmp_path, config):
     folder = splade_checkpoint(minilm_path, tmp_path / "splade")
     (folder / "1_SpladePooling" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModel, match="SpladePooling .* is not supported; posy runs pooling_strategy"):
+    with pytest.raises(
+        UnsupportedModel, match="SpladePooling .* is not supported; posy runs pooling_strategy"
+    ):
         resolve_model(str(folder))
 
 
 def test_legacy_names_do_not_hide_a_missing_head_tensor(minilm_path, tmp_path):
     folder = splade_checkpoint(minilm_path, tmp_path / "splade")
     tensors = load_file(folder / "model.safetensors")
-    tensors["cls.predictions.transform.LayerNorm.gamma"] = tensors.pop("cls.predictions.transform.LayerNorm.weight")
+    tensors["cls.predictions.transform.LayerNorm.gamma"] = tensors.pop(
+        "cls.predictions.transform.LayerNorm.weight"
+    )
     del tensors["cls.predictions.transform.LayerNorm.bias"]
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match=r"missing: \['cls.predictions.transform.LayerNorm.bias'\]"):
