@@ -1,6 +1,6 @@
-"""--quantization fp8 on CUDA: the fused producers compiled (each norm's and activation's Fp8Rows equal to
-quantize_rows of the rows it computes, rounded to nearest even as torch does), the scaled GEMM against its
-dequantized operands, and whole models through CUDA graphs against bf16 (cosine >= 0.99)."""
+"""--quantization fp8 on CUDA: the row quantization kernel and the fused producers compiled (each one's
+Fp8Rows equal to torch's ops on the rows it computes, rounded to nearest even as torch does), the scaled
+GEMM against its dequantized operands, and whole models through CUDA graphs against bf16 (cosine >= 0.99)."""
 
 import asyncio
 
@@ -14,16 +14,26 @@ from benchmarks.checkpoints import save_bert, save_qwen3
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.layers import add_norm, fp8, rms_norm, swiglu
-from engine.layers.fp8 import Fp8Linear, quantize_rows
+from engine.layers.fp8 import Fp8Linear, quantize_rows, torch_quantize_rows
 from engine.resolve import resolve_model
 
 pytestmark = pytest.mark.gpu
 
 
 def assert_same_rows(rows, x):
-    expected = quantize_rows(x)
+    expected = torch_quantize_rows(x)
     assert torch.equal(rows.scales, expected.scales)
     assert torch.equal(rows.values.view(torch.uint8), expected.values.view(torch.uint8))
+
+
+@pytest.mark.parametrize("width", [384, 1000, 1536, 2048, 8960])
+def test_the_quantization_kernel_writes_torchs_rows(width):
+    generator = torch.Generator(device="cuda").manual_seed(width)
+    x = torch.randn(513, width, device="cuda", dtype=torch.bfloat16, generator=generator) * 3
+    x[7] = 0  # a row of zeros keeps a finite scale
+    rows = quantize_rows(x)
+    assert rows.values.dtype == torch.float8_e4m3fn and rows.dtype == torch.bfloat16
+    assert_same_rows(rows, x)
 
 
 @pytest.mark.parametrize("hidden", [384, 768, 1024])
@@ -47,7 +57,7 @@ def test_activations_write_the_fp8_rows_of_what_they_compute(intermediate):
     assert_same_rows(swiglu.gated(gate_up, "silu", quantize=True), swiglu.gated(gate_up, "silu"))
     x = gate_up[:, :intermediate].contiguous() * 3
     rows = fp8.activate_and_quantize(fp8._activation_kernel(), x, "gelu")
-    expected = quantize_rows(F.gelu(x))
+    expected = torch_quantize_rows(F.gelu(x))  # the kernel's tanh form: within one FP8 step
     assert torch.allclose(rows.scales, expected.scales, rtol=1e-2)
     got, want = rows.values.float() * rows.scales, expected.values.float() * expected.scales
     assert ((got - want).abs() <= want.abs() / 8 + expected.scales * 2**-8).all()

@@ -68,6 +68,13 @@ def assert_quantized_like_torch(rows, x):
     assert misrounded.float().mean() < 0.05
 
 
+@pytest.mark.parametrize("width", [96, 200])
+def test_row_quantization(interpreted, width):
+    x = torch.randn(31, width, generator=torch.Generator().manual_seed(width)) * 3
+    x[4] = 0  # a row of zeros keeps a finite scale
+    assert_quantized_like_torch(fp8.quantize_by_kernel(fp8._quantize_kernel(), x), x)
+
+
 @pytest.mark.parametrize(("with_types", "offset"), [(True, 0), (False, 2), (None, 0)])
 def test_embed_layer_norm(interpreted, with_types, offset):
     """with_types None: a model without a type table (DistilBERT)."""
