@@ -3,10 +3,10 @@ parity with colbert-ai, SparseEncoder and FlagEmbedding tests/engine/test_colber
 test_sparse_parity.py show): ColBERT query and document vectors (the queries' expansion tokens, which are
 no keys, run eagerly; documents through CUDA graphs, captured and replayed) and MaxSim, SPLADE weights,
 bge-m3's three outputs and its first rows, a listwise ranker's marker vectors (eager: its rows are chosen
-tokens), with every attention backend that runs here. Random weights make bf16 drift further than trained
-ones do, so each is held to the reference package's own bf16 run against its fp32, on the same inputs in
-the same test: posy's distance from fp32 within FLOOR_FACTOR of the reference's (cosine, or weight error
-over the largest weight), or within the fixed tolerance (cosine >= 0.999, weights within 2e-2)."""
+tokens), with every attention backend that runs here. Each is held to the reference package's own bf16 run
+against its fp32, on the same inputs in the same test: posy's distance from fp32 within FLOOR_FACTOR of
+the reference's (cosine, or weight error over the largest weight), or within the fixed tolerance (cosine
+>= 0.999, weights within 2e-2)."""
 
 import asyncio
 
@@ -88,16 +88,23 @@ def cuda_model(spec, backend):
     return load_model(spec, "cuda", torch.bfloat16, attention)
 
 
+# the checkpoints' random scale: the CPU parity tests' 0.2 makes even two tiny layers chaotic in bf16 (on the
+# H200 one rounding choice or another moved SPLADE's largest weight error between 0.08 and 0.15, the
+# reference's 0.06); near trained weights' scale bf16 is measured, not amplified, and a wrong row still fails
+STD = 0.08
+
+
 @pytest.fixture(scope="module")
 def folders(minilm_path, tmp_path_factory):
     root, shape = tmp_path_factory.mktemp("token-gpu"), TINY_HEAD_DIM_64
-    colbert_ai, pylate = colbert_checkpoints(minilm_path, root / "colbert", shape=shape)
+    colbert_ai, pylate = colbert_checkpoints(minilm_path, root / "colbert", shape=shape, std=STD)
+    listwise_shape = {**TINY_QWEN3, "head_dim": 64}
     return {
         "colbert-ai": colbert_ai,
         "colbert": pylate,
-        "splade": splade_checkpoint(minilm_path, root / "splade", shape=shape),
-        "m3": m3_checkpoint(minilm_path, root / "m3", shape=shape),
-        "listwise": listwise_checkpoint(root / "listwise", shape={**TINY_QWEN3, "head_dim": 64}),
+        "splade": splade_checkpoint(minilm_path, root / "splade", shape=shape, std=STD),
+        "m3": m3_checkpoint(minilm_path, root / "m3", shape=shape, std=STD),
+        "listwise": listwise_checkpoint(root / "listwise", shape=listwise_shape, std=STD),
     }
 
 
