@@ -15,8 +15,10 @@ from litestar.types import Receive
 from api.config import ServerConfig
 from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
 from api.timing import times_of
+from api.tokenizer_pool import StartBy, TokenizerBehind
 from engine.errors import NeverInTime
 from engine.request import EngineOutput
+from engine.scheduler import ADMIT_SHARE
 
 T = TypeVar("T")
 # work that comes back sooner needs no watch for the client's disconnect: it is done before a watch
@@ -25,6 +27,11 @@ WATCH_AFTER_S = 0.005
 # work the engine admitted on its estimate finishes: a 504 only at this many timeouts from arrival (an
 # engine that stalled); work admitted before the engine had measured gets its 504 at the timeout
 BACKSTOP_TIMEOUTS = 2
+# a large input's tokenization is admitted while its estimate (its wait on the encoder's threads and its
+# own time) takes at most this share of what the engine's queue leaves of its time; its parts may start
+# as late as the whole of it allows: the rest absorbs the estimate's error (the threads' rate drifts with
+# what else runs on the host), so that an admitted part is rarely refused as it starts
+TOKENIZE_SHARE = 0.5
 
 
 class Enqueuing(Protocol):
@@ -41,6 +48,8 @@ class Enqueuing(Protocol):
 
     def estimate_seconds(self, num_tokens: int) -> float | None: ...
 
+    def backlog_seconds(self, num_tokens: int) -> float | None: ...
+
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool: ...
 
     def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int: ...
@@ -53,7 +62,8 @@ class RequestGuard:
     queued; the engine refuses (429) what its queue could not finish in the time left. Then
     it waits until the rows come, the client disconnects (499) or the backstop passes (504: the timeout
     where the engine had no estimate to admit by, BACKSTOP_TIMEOUTS of it where it had), whichever is
-    first; the last two cancel the engine's future, and the scheduler drops what is not yet batched."""
+    first; the last two cancel the engine's future, and the scheduler drops what is not yet batched.
+    Before that, a large input's tokenization is admitted by the same deadline (admit_tokenization)."""
 
     def __init__(self, engine: Enqueuing, request: Request, config: ServerConfig):
         self.engine = engine
@@ -64,6 +74,30 @@ class RequestGuard:
         self.deadline = self.times.arrived + self.timeout_s if self.timeout_s > 0 else None
         self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
         self.num_tokens = 0  # the tokens the model ran for the request (its usage)
+
+    def admit_tokenization(
+        self, tokenize_s: float | None, own_s: float | None, num_tokens: int
+    ) -> StartBy | None:
+        """A large input's tokenization, admitted by the request's deadline as the engine admits its work:
+        of ADMIT_SHARE of the time left, less the engine's queue and its `num_tokens` (backlog_seconds),
+        tokenizing it behind what is queued on the encoder's threads (`tokenize_s`) may take
+        TOKENIZE_SHARE, else it is refused now (TokenizerBehind, a 429) rather than left to wait;
+        admitted, its parts must start on a thread by the returned StartBy, which leaves them all of it.
+        Nothing is refused without a deadline or before the threads have measured, nor work that an idle
+        engine could not finish in time either: run() refuses that (a 400) on its counted tokens, not on
+        this guess of them."""
+        if self.deadline is None or tokenize_s is None or own_s is None:
+            return None
+        idle_s = self.engine.estimate_seconds(num_tokens)
+        if idle_s is not None and idle_s > self.timeout_s:
+            return None
+        now = time.perf_counter()
+        left = self.deadline - now
+        engine_s = self.engine.backlog_seconds(num_tokens) or 0.0
+        budget = ADMIT_SHARE * left - engine_s  # what the engine's queue leaves for tokenization
+        if tokenize_s > TOKENIZE_SHARE * budget:
+            raise TokenizerBehind(tokenize_s, TOKENIZE_SHARE * budget)
+        return StartBy(now + budget - own_s, now, own_s, budget)
 
     async def tokenized(self, tokenizing: Awaitable[T]) -> T:
         """`await tokenizing`, its time counted as the request's tokenization."""

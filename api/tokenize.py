@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from tokenizers import Tokenizer
 
 from api.errors import InputTooLong, InvalidInput
+from api.tokenizer_pool import TokenizeAdmission, TokenizerPool
 from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
 
 if TYPE_CHECKING:
@@ -29,11 +29,21 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 # the left), which decides nearly every over-long input without reading it whole (eight 7 MB texts took
 # 24.5 s to refuse, tokenized in full)
 MAX_CHARS_PER_TOKEN = 64
+# timed once at start-up as the threads' first observation, so that admission counts tokenization from the
+# first request on (real parts soon outweigh it): about INLINE_TOKENIZE_CHARS of plain prose
+RATE_SAMPLE = " ".join(
+    ["a gateway tokenizes every text before the engine sees it, and under load its threads fall behind"] * 200
+)
+# how fast the tokens-per-character estimate (from which admission guesses a large input's tokens before
+# tokenizing it) follows the inputs: this weight for each new request's ratio
+TOKENS_PER_CHAR_WEIGHT = 0.1
 
 
 class TextEncoder:
     """`num_threads`: the threads a large input is split over; each request's slices queue behind the
-    ones before, so several large requests at once never take more than these threads."""
+    ones before, so several large requests at once never take more than these threads. A large input's
+    tokenization is admitted first (TokenizeAdmission): on the threads' measured rate and what is queued
+    on them, one that would not finish in time is refused before it waits."""
 
     def __init__(
         self,
@@ -49,8 +59,7 @@ class TextEncoder:
         self.tokenizer.no_padding()
         self.window = window
         self.vocab_size = vocab_size
-        self.num_threads = max(1, num_threads)
-        self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
+        self.pool = TokenizerPool(num_threads)
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
         # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template
         self.pair_prompt = pair_prompt(pair_format, self.tokenizer, chat_template)
@@ -58,6 +67,10 @@ class TextEncoder:
             self.pair = self.pair_prompt.pair_template(self.tokenizer)
         else:
             self.pair = PairTemplate.from_tokenizer(self.tokenizer)
+        started = time.perf_counter()
+        sample_tokens = sum(map(len, self.content_ids([RATE_SAMPLE])))
+        self.pool.observe(len(RATE_SAMPLE), time.perf_counter() - started)
+        self.tokens_per_char = sample_tokens / len(RATE_SAMPLE)
 
     def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""
@@ -67,43 +80,63 @@ class TextEncoder:
         ]
 
     async def encode_off_loop(
-        self, texts: Sequence[str], max_tokens: int | None, truncate: bool, keep_end: bool = False
+        self,
+        texts: Sequence[str],
+        max_tokens: int | None,
+        truncate: bool,
+        keep_end: bool = False,
+        admission: TokenizeAdmission | None = None,
     ) -> list[list[int]]:
-        """encode(), on the encoder's threads when the texts are long enough to hold up the event loop."""
-        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
+        """encode(), on the encoder's threads when the texts are long enough to hold up the event loop,
+        once `admission` (a request's guard) has admitted their tokenization."""
+        num_chars = sum(map(len, texts))
+        if num_chars > INLINE_TOKENIZE_CHARS:
             return await self._split(
-                lambda part, first: self.encode(part, max_tokens, truncate, keep_end, first), texts
+                lambda part, first: self.encode(part, max_tokens, truncate, keep_end, first),
+                texts,
+                num_chars,
+                admission,
             )
         return self.encode(texts, max_tokens, truncate, keep_end)
 
-    async def content_ids_off_loop(self, texts: Sequence[str]) -> list[list[int]]:
+    async def content_ids_off_loop(
+        self, texts: Sequence[str], admission: TokenizeAdmission | None = None
+    ) -> list[list[int]]:
         """content_ids(), likewise."""
-        if sum(map(len, texts)) > INLINE_TOKENIZE_CHARS:
-            return await self._split(lambda part, first: self.content_ids(part), texts)
+        num_chars = sum(map(len, texts))
+        if num_chars > INLINE_TOKENIZE_CHARS:
+            return await self._split(lambda part, first: self.content_ids(part), texts, num_chars, admission)
         return self.content_ids(texts)
 
-    async def _split(self, work: Callable[[Sequence[str], int], list[T]], texts: Sequence[str]) -> list[T]:
-        """`work(part, index of its first text)` on num_threads consecutive parts at once, joined in
-        order; the error of the earliest part that failed is raised, as one pass would raise it."""
-        loop = asyncio.get_running_loop()
-        size = -(-len(texts) // self.num_threads)
-        starts = range(0, len(texts), size)
-        parts = await asyncio.gather(
-            *(
-                loop.run_in_executor(self._threads, work, texts[start : start + size], start)
-                for start in starts
-            ),
-            return_exceptions=True,
-        )
+    async def _split(
+        self,
+        work: Callable[[Sequence[str], int], list[T]],
+        texts: Sequence[str],
+        num_chars: int,
+        admission: TokenizeAdmission | None,
+    ) -> list[T]:
+        """`work(part, index of its first text)` on the pool's consecutive parts at once, joined in order;
+        the error of the earliest part that failed is raised, as one pass would raise it."""
+        start_by = None
+        if admission is not None:
+            start_by = admission.admit_tokenization(
+                self.pool.seconds_for(num_chars),
+                self.pool.seconds_for(num_chars, behind_queued=False),
+                round(num_chars * self.tokens_per_char),
+            )
+        parts = await self.pool.map(work, texts, start_by)
         joined: list[T] = []
         for part in parts:
             if isinstance(part, BaseException):
                 raise part
             joined += part
+        num_tokens = sum(map(len, joined))
+        weight = TOKENS_PER_CHAR_WEIGHT
+        self.tokens_per_char = (1 - weight) * self.tokens_per_char + weight * num_tokens / max(1, num_chars)
         return joined
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
 
     def encode(
         self,

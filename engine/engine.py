@@ -156,6 +156,12 @@ class Engine:
         per_token = self.rate.seconds_per_token
         return None if per_token is None else num_tokens * per_token
 
+    def backlog_seconds(self, num_tokens: int) -> float | None:
+        """How long `num_tokens` more, queued now, would take to come back behind the queue, as admission
+        judges it (its margin included); None before it has measured."""
+        estimate = self.rate.seconds_for(self.scheduler.queued_tokens + num_tokens)
+        return None if estimate is None else estimate * self.rate.margin
+
     async def run(
         self,
         token_ids: Sequence[Sequence[int]],

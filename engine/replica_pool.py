@@ -106,6 +106,17 @@ class ReplicaPool:
             return None
         return num_tokens / sum(1 / rate for rate in rates)  # type: ignore[operator]
 
+    def backlog_seconds(self, num_tokens: int) -> float | None:
+        """As Engine.backlog_seconds, on the live replica that would take the work (the least loaded, its
+        load as _send counts it), at its measured rate (its margin is its own); None while none has
+        measured."""
+        estimates = [
+            (self.outstanding[index] + self.reported[index] + num_tokens) * rate
+            for index, (alive, rate) in enumerate(zip(self.alive, self.seconds_per_token))
+            if alive and rate is not None
+        ]
+        return min(estimates) if estimates else None
+
     async def run(
         self,
         token_ids: Sequence[Sequence[int]],

@@ -39,7 +39,7 @@ async def classify(request: Request, server: NamedDependency[Server]) -> Encoded
     auto_truncate = server.config.auto_truncate
     max_tokens, truncate = truncation(data.truncate_prompt_tokens, encoder.window, auto_truncate)
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate))
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, admission=guard))
     probabilities = probabilities_of(await guard.run(sequences))
     labels = label_names(model.spec.hf_config, probabilities.shape[1])
     num_tokens = sum(map(len, sequences))

@@ -64,7 +64,7 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> Encoded
     texts = [prompt + text for text in given] if prompt else given
     truncate, keep_end = data.truncate != "NONE", data.truncate == "START"
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end))
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end, guard))
     num_tokens = sum(map(len, sequences))
     vectors = truncate_dimensions(await guard.run(sequences), data.output_dimension)
     server.metrics.count_prompt_tokens(model.name, num_tokens)

@@ -48,7 +48,9 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
     guard = RequestGuard(model.engine if task == EMBED else model.token_engine, request, server.config)
     is_query = data.input_type in QUERY_INPUT_TYPES
-    sequences = await guard.tokenized(_token_ids(model, texts, data, is_query, server.config.auto_truncate))
+    sequences = await guard.tokenized(
+        _token_ids(model, texts, data, is_query, server.config.auto_truncate, guard)
+    )
     num_tokens = sum(map(len, sequences))
     if task != EMBED and num_tokens * model.spec.output_dim > MAX_TOKEN_OUTPUT_FLOATS:
         raise OutputTooLarge(num_tokens, "tokens", model.spec.output_dim, MAX_TOKEN_OUTPUT_FLOATS)
@@ -87,17 +89,22 @@ def _own_task(server: Server, name: str | None) -> str:
 
 
 async def _token_ids(
-    model: ServedModel, texts: list[str], data: PoolingRequest, is_query: bool, auto_truncate: bool
+    model: ServedModel,
+    texts: list[str],
+    data: PoolingRequest,
+    is_query: bool,
+    auto_truncate: bool,
+    guard: RequestGuard,
 ) -> list[list[int]]:
     encoder, late = model.encoder, model.late_interaction
     if late is not None:  # cut to the model's query or document length, as its own encode does
-        content = await encoder.content_ids_off_loop(texts)
+        content = await encoder.content_ids_off_loop(texts, guard)
         return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
     spec = model.spec
     prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
     texts = [prompt + text for text in texts] if prompt else texts
     max_tokens, truncate = truncation(data.truncate_prompt_tokens, encoder.window, auto_truncate)
-    return await encoder.encode_off_loop(texts, max_tokens, truncate)
+    return await encoder.encode_off_loop(texts, max_tokens, truncate, admission=guard)
 
 
 def _token_vectors(

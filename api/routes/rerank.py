@@ -95,7 +95,7 @@ async def score_texts(
     encoder = model.encoder
     rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)
-    ids = await guard.tokenized(encoder.content_ids_off_loop(prompted))
+    ids = await guard.tokenized(encoder.content_ids_off_loop(prompted, guard))
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
 
 

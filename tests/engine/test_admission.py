@@ -131,3 +131,14 @@ def test_the_engine_checks_its_admitted_requests_against_their_estimates():
         asyncio.run(asyncio.wait_for(main(), 30))
     finally:
         engine.stop()
+
+
+def test_the_backlog_estimate_counts_the_queue_and_the_margin():
+    """What admission of a request's tokenization asks before its tokens exist: how long work of that
+    size, queued now, would take behind the queue, stretched by the margin."""
+    engine = Engine(TimedRunner(SECONDS_PER_TOKEN), CONFIG)
+    assert engine.backlog_seconds(100) is None  # nothing measured
+    engine.rate.observe(1000, 1000 * SECONDS_PER_TOKEN)
+    assert engine.backlog_seconds(100) == pytest.approx(100 * SECONDS_PER_TOKEN * MAX_MARGIN)
+    engine.scheduler.submit(QueuedRequest([[1] * 500]))
+    assert engine.backlog_seconds(100) == pytest.approx(600 * SECONDS_PER_TOKEN * MAX_MARGIN)

@@ -255,3 +255,15 @@ def test_the_pool_estimates_from_the_rates_its_replicas_report(tmp_path):
     before, after = run_with(tmp_path, [{"seconds_per_token": 1e-3}, {"seconds_per_token": 1e-3}], body)
     assert before is None  # no estimate before the replicas have said
     assert after == pytest.approx(0.5)  # two replicas at 1,000 tokens/s each
+
+
+def test_the_backlog_is_the_least_loaded_live_replicas_at_its_rate():
+    pool = ReplicaPool(
+        ["unused-0.sock", "unused-1.sock", "unused-2.sock"], chunk_tokens=10, max_sequence_tokens=100
+    )
+    assert pool.backlog_seconds(100) is None  # none has reported a rate
+    pool.seconds_per_token = [1e-3, 2e-3, None]
+    pool.reported, pool.outstanding = [900, 100, 0], [100, 0, 0]
+    assert pool.backlog_seconds(100) == pytest.approx(min(1100 * 1e-3, 200 * 2e-3))
+    pool.alive[1] = False
+    assert pool.backlog_seconds(100) == pytest.approx(1100 * 1e-3)

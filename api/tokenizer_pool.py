@@ -1,0 +1,147 @@
+"""TokenizerPool: the threads a gateway tokenizes large inputs on, the characters queued on them and the
+rate they work through them, so that admission can count a request's tokenization (its wait behind the
+others' and its own) before it waits; and the latest start a queued part may still make (StartBy)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from engine.errors import BehindDeadline, EngineError
+
+T = TypeVar("T")
+NUM_PARTS = 64  # the moving window of measured parts
+
+
+class TokenizerBehind(BehindDeadline):
+    """The tokenizer's threads could not finish a request's input within the time its deadline leaves
+    them: a 429, whose Retry-After is how far past that time it would be."""
+
+    def __init__(self, needed_s: float, allowed_s: float):
+        EngineError.__init__(
+            self,
+            f"the server is too busy to tokenize this request in time: it needs about {needed_s:.1f} s of "
+            f"the tokenizer's threads, behind the inputs queued on them, and its --request-timeout leaves "
+            f"{max(0.0, allowed_s):.1f} s for that; retry later",
+        )
+        self.retry_after_s = max(1, math.ceil(needed_s - max(0.0, allowed_s)))
+
+
+@dataclass(frozen=True, slots=True)
+class StartBy:
+    """The latest a request's part may start on a thread and still finish in time (TokenizerBehind
+    past it), with what the refusal then says, counted from its admission."""
+
+    at: float  # time.perf_counter()
+    admitted_at: float
+    own_s: float  # its own time on the threads, as estimated at admission
+    allowed_s: float  # the time its deadline left the threads at admission
+
+    def check(self, now: float) -> None:
+        if now > self.at:
+            raise TokenizerBehind(now - self.admitted_at + self.own_s, self.allowed_s)
+
+
+class TokenizeAdmission(Protocol):
+    """Who admits a large input's tokenization (a request's RequestGuard): given how long it takes behind
+    what is queued (`tokenize_s`) and alone (`own_s`), None before the threads have measured, and the
+    tokens it should give, it refuses (raises) or says by when its parts must start (None: any time)."""
+
+    def admit_tokenization(
+        self, tokenize_s: float | None, own_s: float | None, num_tokens: int
+    ) -> StartBy | None: ...
+
+
+class TokenizerPool:
+    """`num_threads` threads, FIFO. Each part's time on its thread (wall time: it includes what the host's
+    other work takes from it) measures the rate in seconds a character, over the last NUM_PARTS parts."""
+
+    def __init__(self, num_threads: int):
+        self.num_threads = max(1, num_threads)
+        self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
+        self._parts: deque[tuple[int, float]] = deque(maxlen=NUM_PARTS)
+        self._totals = (0, 0.0)
+        self._queued_chars = 0  # of parts submitted and not yet finished (or refused)
+        self._lock = threading.Lock()
+
+    def observe(self, num_chars: int, seconds: float) -> None:
+        """A part of `num_chars` characters took `seconds` on one thread (any thread)."""
+        if num_chars <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            chars, total = self._totals
+            if len(self._parts) == self._parts.maxlen:
+                old_chars, old_seconds = self._parts[0]
+                chars, total = chars - old_chars, total - old_seconds
+            self._parts.append((num_chars, seconds))
+            self._totals = (chars + num_chars, total + seconds)
+
+    @property
+    def seconds_per_char(self) -> float | None:
+        chars, seconds = self._totals
+        return seconds / chars if chars else None
+
+    @property
+    def queued_chars(self) -> int:
+        return self._queued_chars
+
+    def seconds_for(self, num_chars: int, behind_queued: bool = True) -> float | None:
+        """How long `num_chars` characters split over the threads take to come back: behind what is queued
+        on them, or (`behind_queued` False) on idle threads; None before any part was measured."""
+        per_char = self.seconds_per_char
+        if per_char is None:
+            return None
+        queued = self._queued_chars if behind_queued else 0
+        return (queued + num_chars) * per_char / self.num_threads
+
+    async def map(
+        self,
+        work: Callable[[Sequence[str], int], T],
+        texts: Sequence[str],
+        start_by: StartBy | None = None,
+    ) -> list[T | BaseException]:
+        """`work(part, index of its first text)` on num_threads consecutive parts of `texts` at once, each
+        part's result (or its error) in order; a part that would start after `start_by` is refused
+        (TokenizerBehind) without being worked on."""
+        loop = asyncio.get_running_loop()
+        size = -(-len(texts) // self.num_threads)
+        parts = [(texts[start : start + size], start) for start in range(0, len(texts), size)]
+        sizes = [sum(map(len, part)) for part, _ in parts]
+        with self._lock:
+            self._queued_chars += sum(sizes)
+        return await asyncio.gather(
+            *(
+                loop.run_in_executor(self._threads, self._run, work, part, first, num_chars, start_by)
+                for (part, first), num_chars in zip(parts, sizes)
+            ),
+            return_exceptions=True,
+        )
+
+    def _run(
+        self,
+        work: Callable[[Sequence[str], int], T],
+        part: Sequence[str],
+        first: int,
+        num_chars: int,
+        start_by: StartBy | None,
+    ) -> T:
+        started = time.perf_counter()
+        try:
+            if start_by is not None:
+                start_by.check(started)
+            result = work(part, first)
+            self.observe(num_chars, time.perf_counter() - started)
+            return result
+        finally:
+            with self._lock:
+                self._queued_chars -= num_chars
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)

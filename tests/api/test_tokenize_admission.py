@@ -1,0 +1,197 @@
+"""Tokenization inside admission: a large input whose tokenization (its wait behind what is queued on the
+encoder's threads, at their measured rate, and its own time) and the engine's work could not finish
+within --request-timeout is refused up front (429 with Retry-After, before it waits); an admitted one
+whose part would start too late on a thread is refused then, never tokenized, rather than answered late.
+Through the HTTP API: a burst of large inputs against a slow stand-in tokenizer gets 200s inside the
+timeout and 429s that never reached the threads."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from litestar.testing import TestClient
+
+from api.app import create_app
+from api.config import ServerConfig
+from api.guard import TOKENIZE_SHARE, RequestGuard
+from api.server import Server
+from api.tokenize import INLINE_TOKENIZE_CHARS
+from api.tokenizer_pool import StartBy, TokenizerBehind, TokenizerPool
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import BehindDeadline
+from engine.scheduler import ADMIT_SHARE
+from tests.api.test_admission import post
+from tests.conftest import TimedRunner
+
+TIMEOUT_S = 1.0
+SECONDS_PER_CHAR = 4e-6  # the stand-in tokenizer: 0.1 s for one of the burst's inputs, on one thread
+# 50 texts of 500 characters: past INLINE_TOKENIZE_CHARS, so on the encoder's thread
+TEXT = ("word " * 100).strip() + " "
+
+
+def large_body(num_texts: int = 50) -> bytes:
+    import json
+
+    return json.dumps({"input": [TEXT] * num_texts}).encode()
+
+
+class Backlogged:
+    """A stand-in engine for the guard: `backlog_s` of work queued, an idle rate of 1 ms a token."""
+
+    def __init__(self, backlog_s: float):
+        self.backlog_s = backlog_s
+
+    def backlog_seconds(self, num_tokens):
+        return self.backlog_s + 1e-3 * num_tokens
+
+    def estimate_seconds(self, num_tokens):
+        return 1e-3 * num_tokens
+
+
+class Call:
+    """What the guard reads of a request."""
+
+    def __init__(self):
+        self.scope = {"state": {}}
+        self.receive = None
+
+
+def guard_for(engine, timeout_s: float = TIMEOUT_S) -> RequestGuard:
+    return RequestGuard(engine, Call(), ServerConfig(request_timeout=timeout_s))
+
+
+def test_the_guard_admits_tokenization_within_its_share_of_what_the_engine_leaves():
+    guard = guard_for(Backlogged(0.3))
+    budget = ADMIT_SHARE * TIMEOUT_S - 0.3 - 1e-3 * 10  # what the engine's queue and 10 tokens leave
+    start_by = guard.admit_tokenization(0.9 * TOKENIZE_SHARE * budget, 0.01, 10)
+    assert isinstance(start_by, StartBy)
+    # its parts may start as late as the whole budget allows, less their own time
+    assert start_by.at == pytest.approx(guard.times.arrived + ADMIT_SHARE * TIMEOUT_S - 0.31 - 0.01, abs=0.02)
+    with pytest.raises(TokenizerBehind, match="too busy to tokenize this request in time") as refused:
+        guard.admit_tokenization(1.1 * TOKENIZE_SHARE * budget, 0.01, 10)
+    assert isinstance(refused.value, BehindDeadline) and refused.value.retry_after_s >= 1
+    # 3 s behind the queue against the 0.45 s it may take: retried after what it would overrun by
+    with pytest.raises(TokenizerBehind) as refused:
+        guard.admit_tokenization(3.0, 0.01, 10)
+    assert refused.value.retry_after_s == 3
+    # an engine whose queue alone takes the time refuses even a short tokenization
+    with pytest.raises(TokenizerBehind):
+        guard_for(Backlogged(0.95)).admit_tokenization(0.001, 0.001, 10)
+
+
+def test_the_guard_leaves_alone_what_it_cannot_judge():
+    # no deadline, or no measured rate yet: admitted, no start-by
+    assert guard_for(Backlogged(10.0), timeout_s=0).admit_tokenization(5.0, 1.0, 10) is None
+    assert guard_for(Backlogged(10.0)).admit_tokenization(None, None, 10) is None
+    # work an idle engine could not finish in time either: run() refuses it (a 400) on its counted tokens
+    assert guard_for(Backlogged(0.0)).admit_tokenization(0.01, 0.01, 2_000) is None
+
+
+def test_a_part_that_would_start_past_its_start_by_is_refused_unworked():
+    pool = TokenizerPool(1)
+    release = threading.Event()
+    worked: list[int] = []
+
+    def held(part, first):
+        release.wait(10)
+        worked.append(first)
+        return [len(text) for text in part]
+
+    def work(part, first):
+        worked.append(first)
+        return [len(text) for text in part]
+
+    async def scenario():
+        holding = asyncio.ensure_future(pool.map(held, ["x" * 100]))
+        await asyncio.sleep(0.05)
+        now = time.perf_counter()
+        late = asyncio.ensure_future(pool.map(work, ["y" * 300], StartBy(now + 0.01, now, 0.5, 0.6)))
+        in_time = asyncio.ensure_future(pool.map(work, ["z" * 50], StartBy(now + 60, now, 0.5, 60.6)))
+        await asyncio.sleep(0.05)
+        queued = pool.queued_chars
+        await asyncio.sleep(0.05)
+        release.set()
+        return queued, await holding, await late, await in_time
+
+    try:
+        queued, held_result, late_result, in_time_result = asyncio.run(scenario())
+    finally:
+        pool.close()
+    assert queued == 450  # the running part and the two queued ones
+    assert held_result == [[100]] and in_time_result == [[50]]
+    [refusal] = late_result
+    assert isinstance(refusal, TokenizerBehind) and "too busy to tokenize" in str(refusal)
+    assert worked == [0, 0]  # the held part and the one in time: the late one never ran
+    assert pool.queued_chars == 0
+    # the two parts that ran measured the rate; the refused one counts nowhere
+    assert pool.seconds_per_char is not None and pool.seconds_for(0) == 0
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = Server(ServerConfig(request_timeout=TIMEOUT_S, tokenizer_threads=1))
+    with TestClient(create_app(server.config, server)) as client:
+        model = server.registry().models[0]
+        real_engine, real_encoder_pool = model.engine, model.encoder.pool
+        engine = Engine(TimedRunner(1e-7, 384), EngineConfig(max_batch_tokens=4096, max_queue_tokens=10**6))
+        engine.rate.observe(4096, 4096 * 1e-7)
+        engine.start()
+        model.engine = engine
+        try:
+            yield client, model
+        finally:
+            model.engine = real_engine
+            model.encoder.pool = real_encoder_pool
+            engine.stop()
+
+
+def test_a_burst_past_the_tokenizer_gets_200s_in_time_and_429s_up_front(served, monkeypatch):
+    client, model = served
+    encoder = model.encoder
+    assert 50 * len(TEXT) > INLINE_TOKENIZE_CHARS
+    encode = encoder.encode
+
+    def slow_encode(texts, *args, **kwargs):  # a tokenizer of known speed, on the encoder's thread
+        time.sleep(SECONDS_PER_CHAR * sum(map(len, texts)))
+        return encode(texts, *args, **kwargs)
+
+    monkeypatch.setattr(encoder, "encode", slow_encode)
+    pool = TokenizerPool(1)  # no rate yet: the first request measures the stand-in's
+    monkeypatch.setattr(encoder, "pool", pool)
+    try:
+        answers, waited = burst_of(client, encoder, monkeypatch)
+        refused = client.post("/v1/embeddings", content=large_body(400))  # 0.8 s alone: past the share
+    finally:
+        pool.close()
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 429}, statuses
+    # TOKENIZE_SHARE of 0.9 s is 0.45 s of tokenization admitted: about four inputs
+    assert 2 <= statuses.count(200) <= 8
+    assert all(int(headers[b"retry-after"]) >= 1 for status, headers, _ in answers if status == 429)
+    # no late 200s, and only the admitted ones reached the thread: the rest were refused before waiting
+    assert max(seconds for status, _, seconds in answers if status == 200) < TIMEOUT_S
+    assert len(waited) == statuses.count(200)
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_exceeded"
+    assert "too busy" in refused.json()["error"]["message"] and int(refused.headers["retry-after"]) >= 1
+
+
+def burst_of(client, encoder, monkeypatch):
+    """One request to measure the stand-in's rate, then 30 at once: (their answers, the start-by of each
+    request whose parts went to the thread)."""
+    assert client.post("/v1/embeddings", content=large_body()).status_code == 200
+    waited = []
+    map_parts = encoder.pool.map
+
+    async def counted_map(work, texts, start_by=None):
+        waited.append(start_by)
+        return await map_parts(work, texts, start_by)
+
+    monkeypatch.setattr(encoder.pool, "map", counted_map)
+
+    async def burst():
+        # 30 inputs of 0.1 s each on one thread: 3 s of tokenization against a 1 s timeout
+        return await asyncio.gather(*(post(client.app, "/v1/embeddings", large_body()) for _ in range(30)))
+
+    return client.blocking_portal.call(burst), waited
