@@ -7,6 +7,9 @@ import numpy as np
 import torch
 
 KEPT_BUFFERS = 4  # the engine reads a step's rows before its next-but-one step: two are in use at most
+# rows past this many floats are checked for NaN and inf on the device, whose reduction comes back with them:
+# on the host the check took longer than their copy (27M floats, a bge-m3 batch's token rows)
+DEVICE_CHECK_FLOATS = 1 << 20
 
 
 class HostBuffers:
@@ -38,15 +41,23 @@ class LazyTensor:
         self._buffers = buffers
         self._buffer: torch.Tensor | None = None
         self._result: np.ndarray | None = None
+        self._finite: bool | None = None
+        self._device_checked = False  # the buffer's last float says whether every row is finite
         if device_tensor.device.type != "cuda":
             self._host = device_tensor
             return
         if device_tensor.dtype != torch.float32:
             raise TypeError(f"LazyTensor copies float32 rows, not {device_tensor.dtype}")
         numel = device_tensor.numel()
-        self._buffer = buffers.take(numel) if buffers is not None else torch.empty(numel, pin_memory=True)
+        self._device_checked = numel > DEVICE_CHECK_FLOATS
+        size = numel + 1 if self._device_checked else numel
+        self._buffer = buffers.take(size) if buffers is not None else torch.empty(size, pin_memory=True)
         self._host = self._buffer[:numel].view(device_tensor.shape)
         self._host.copy_(device_tensor, non_blocking=True)
+        if self._device_checked:
+            self._buffer[numel : numel + 1].copy_(
+                torch.isfinite(device_tensor).all().float(), non_blocking=True
+            )
         self.copied = torch.cuda.Event()
         self.copied.record()
 
@@ -61,7 +72,15 @@ class LazyTensor:
             else:
                 self.copied.synchronize()
                 self._result = self._host.numpy().copy()
+                if self._device_checked:
+                    self._finite = bool(self._buffer[self._host.numel()] == 1)
                 if self._buffers is not None:
                     self._buffers.give_back(self._buffer)
                 self._buffer = None
         return self._result
+
+    def all_finite(self) -> bool:
+        """Whether every row is free of NaN and inf (after result(): checked on the device for large rows)."""
+        if self._finite is None:
+            self._finite = bool(np.isfinite(self.result()).all())
+        return self._finite

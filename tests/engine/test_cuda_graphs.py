@@ -270,3 +270,30 @@ def test_eager_warmup_captures_every_bucket_at_start_then_serves_like_eager(tmp_
     eager, _, _, _ = rows("off")
     cosine = (warm * eager).sum(1) / np.linalg.norm(warm, axis=1) / np.linalg.norm(eager, axis=1)
     assert cosine.min() >= 0.999  # bf16, graph replay against eager
+
+
+def test_rows_say_whether_they_are_all_finite():
+    from engine.lazy import LazyTensor
+
+    rows = torch.randn(8, 16)
+    assert LazyTensor(rows).all_finite()
+    rows[3, 5] = float("inf")
+    assert not LazyTensor(rows).all_finite()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [10, 20_000])
+def test_large_rows_are_checked_for_nan_on_the_device_small_ones_on_the_host(num_rows):
+    """20,000 x 128 floats are past DEVICE_CHECK_FLOATS: their check comes back with them."""
+    from engine.lazy import DEVICE_CHECK_FLOATS, HostBuffers, LazyTensor
+
+    buffers = HostBuffers()
+    rows = torch.randn(num_rows, 128, device="cuda")
+    clean = LazyTensor(rows, buffers)
+    assert clean._device_checked == (rows.numel() > DEVICE_CHECK_FLOATS)
+    assert clean.all_finite()
+    np.testing.assert_array_equal(clean.result(), rows.cpu().numpy())
+    rows[num_rows // 2, 3] = float("nan")
+    dirty = LazyTensor(rows, buffers)  # the first one's buffer again: its flag slot is written anew
+    np.testing.assert_array_equal(np.isnan(dirty.result()), torch.isnan(rows).cpu().numpy())
+    assert not dirty.all_finite()
