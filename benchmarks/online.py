@@ -286,13 +286,14 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
     others = len(result.answers) - result.count(200) - result.count(429)
     p99 = result.latency_ms(200, 99)
     server_p99 = result.server_ms(200, 99)  # the rest of the client's p99 is outside the server's clock
+    refused_p99 = result.latency_ms(429, 99)  # refusals up front are answered at once, not after a wait
     tail = result.slowest_stages_ms(200, 0.01)
     case = f"overload-{plan.overload_factor:g}x"
     print(
         f"{case}: {rate:.0f} requests/s offered for {plan.overload_s:.0f} s: {result.count(200)} x 200, "
         f"{result.count(429)} x 429 ({result.num_429_without_retry_after} without Retry-After), {others} "
         f"others {sorted(result.statuses)}, admitted p99 {p99 or 0:.0f} ms (the server's own "
-        f"{server_p99 or 0:.0f}), memory {growth:+.0f} MiB"
+        f"{server_p99 or 0:.0f}), refused p99 {refused_p99 or 0:.0f} ms, memory {growth:+.0f} MiB"
     )
     print("  the slowest 1% of admitted, the server's stages (ms, means): " + ", ".join(
         f"{stage} {ms:.0f}" for stage, ms in tail.items()
@@ -307,6 +308,7 @@ def overload(url: str, bodies: list[bytes], saturation: float, plan: Plan, conte
         ),
         context.record(case, "admitted_latency_p99_ms", p99 or 0.0, "ms"),
         context.record(case, "admitted_server_total_p99_ms", server_p99 or 0.0, "ms"),
+        context.record(case, "refused_latency_p99_ms", refused_p99 or 0.0, "ms"),
         *(context.record(case, f"slowest_1pct_{stage}_ms", ms, "ms") for stage, ms in tail.items()),
         context.record(case, "memory_growth_mib", growth, "MiB"),
         context.record(case, "memory_growth_second_half_mib", second_half, "MiB"),

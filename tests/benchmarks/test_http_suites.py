@@ -72,3 +72,4 @@ def test_online_smoke_run_records_every_case_beside_the_engine_and_its_stage_tim
     assert records["overload-2x", "answered_429_without_retry_after"].value == 0
     assert records["overload-2x", "answered_200"].value > 0
     assert ("overload-2x", "memory_growth_second_half_mib") in records
+    assert ("overload-2x", "refused_latency_p99_ms") in records
