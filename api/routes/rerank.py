@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -90,7 +91,8 @@ async def score_texts(
     than what rerank reads of them are cut before they are tokenized (bounded_texts)."""
     query, texts = bounded_texts(query, texts, options, model.spec.max_seq_length)
     if model.listwise is not None:
-        listwise = dataclasses.replace(model.listwise, engine=guard)
+        tokenize = functools.partial(model.encoder.content_ids_off_loop, admission=guard)
+        listwise = dataclasses.replace(model.listwise, engine=guard, tokenize=tokenize)
         return await listwise_scores(listwise, query, texts, options)
     encoder = model.encoder
     rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
