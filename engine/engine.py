@@ -339,7 +339,7 @@ class Engine:
         # busy time: batches overlap, so a batch's time starts where the previous one's ended
         self.rate.observe(in_flight.num_tokens, finished - max(in_flight.launched_at, self._last_finished))
         self._last_finished = finished
-        if not np.isfinite(rows).all():
+        if not in_flight.output.all_finite():  # large rows: checked on the device
             logger.error("model produced non-finite outputs")
         # a request's sequences sit side by side in a batch (after its prefix, which has no row of the
         # request's): one hand-over per request

@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -69,6 +70,9 @@ class HostRows:
 
     def result(self):
         return self.rows
+
+    def all_finite(self) -> bool:
+        return bool(np.isfinite(self.rows).all())
 
 
 class TimedRunner:

@@ -108,6 +108,9 @@ class Rows:
     def result(self) -> np.ndarray:
         return self.rows
 
+    def all_finite(self) -> bool:
+        return bool(np.isfinite(self.rows).all())
+
 
 class GatedRunner:
     """Holds the engine's worker in step() until the gate opens; records the ids of every batch."""

@@ -27,6 +27,9 @@ class FakeResult:
         self.log.append(("result", self.step))
         return self.rows
 
+    def all_finite(self) -> bool:
+        return bool(np.isfinite(self.rows).all())
+
 
 class FakeRunner:
     """Each output row is (sum of the sequence's ids, its length)."""
@@ -197,6 +200,9 @@ class DeviceResult:
         self.log.append(("result", self.step))
         time.sleep(max(0.0, self.done_at - time.perf_counter()))
         return self.rows
+
+    def all_finite(self) -> bool:
+        return bool(np.isfinite(self.rows).all())
 
 
 class DeviceRunner:
