@@ -23,7 +23,7 @@ async def late_chunked_vectors(
     room = max_tokens - len(head) - len(tail)
     if room < 1:
         raise InvalidInput(f"a token limit of {max_tokens} leaves no room beside the prompt", "input")
-    chunks = await guard.tokenized(encoder.content_ids_off_loop(texts))
+    chunks = await guard.tokenized(encoder.content_ids_off_loop(texts, guard))
     for index, ids in enumerate(chunks):
         if not ids:
             raise InvalidInput(f"input {index} has no tokens to pool", "input")

@@ -65,7 +65,7 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
     vectors = await guard.run(sequences)
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
@@ -94,7 +94,7 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.token_engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end))
+    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
     # the engine's rows: bge-m3's a token ([vector | weight]), SPLADE's a text (the vocabulary's weights)
     num_rows, rows_of = (sum(map(len, sequences)), "tokens") if spec.m3 else (len(sequences), "texts")
     width = spec.output_dim + 1 if spec.m3 else spec.output_dim
