@@ -57,7 +57,9 @@ def test_activations_write_the_fp8_rows_of_what_they_compute(intermediate):
     assert_same_rows(swiglu.gated(gate_up, "silu", quantize=True), swiglu.gated(gate_up, "silu"))
     x = gate_up[:, :intermediate].contiguous() * 3
     rows = fp8.activate_and_quantize(fp8._activation_kernel(), x, "gelu")
-    expected = torch_quantize_rows(F.gelu(x))  # the kernel's tanh form: within one FP8 step
+    # BERT's erf GELU in its tanh form, as the kernel (and the bf16 path's epilogue) computes it: within one
+    # FP8 step of it (against erf the H200 saw the forms' own gap, up to 4.7e-4, past a step in the tail)
+    expected = torch_quantize_rows(F.gelu(x, approximate="tanh"))
     assert torch.allclose(rows.scales, expected.scales, rtol=1e-2)
     got, want = rows.values.float() * rows.scales, expected.values.float() * expected.scales
     assert ((got - want).abs() <= want.abs() / 8 + expected.scales * 2**-8).all()
