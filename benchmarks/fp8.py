@@ -188,23 +188,8 @@ def qwen2_mixed(options, device: str, smoke: bool):
     _, (plain, fp8) = engines(folder, device, smoke, options.backend)
     mixed = mixed_sequences(checkpoint.reference.config.vocab_size, 12 if smoke else NUM_TEXTS)
     tokens = sum(map(len, mixed))
-    loop = asyncio.new_event_loop()
-    rates, vectors = [], []
-    try:
-        for engine in (plain, fp8):
-            for _ in range(3):
-                out = loop.run_until_complete(engine.run(mixed))
-            seconds = timed(
-                lambda engine=engine: loop.run_until_complete(engine.run(mixed)),
-                1 if smoke else 2 * options.rounds,
-                device,
-            )
-            rates.append(tokens / statistics.median(seconds))
-            vectors.append(out)
-    finally:
-        plain.stop()
-        fp8.stop()
-        loop.close()
+    samples, vectors = each_engine((plain, fp8), mixed, 1 if smoke else 2 * options.rounds, device)
+    rates = [tokens / statistics.median(seconds) for seconds in samples]
     timed(lambda: baseline.embed_ids(mixed), 1, device)
     hf = tokens / statistics.median(
         timed(lambda: baseline.embed_ids(mixed), 1 if smoke else options.rounds, device)
@@ -221,27 +206,34 @@ def qwen2_mixed(options, device: str, smoke: bool):
     )
 
 
+def each_engine(engines, sequences, count: int, device: str) -> tuple[list[list[float]], list[np.ndarray]]:
+    """Each engine's `count` timed runs of `sequences`, after three (eager, capture, replay), and its rows;
+    the engines are stopped after."""
+    loop = asyncio.new_event_loop()
+    samples, rows = [], []
+    try:
+        for engine in engines:
+            for _ in range(3):
+                out = loop.run_until_complete(engine.run(sequences))
+            samples.append(
+                timed(lambda engine=engine: loop.run_until_complete(engine.run(sequences)), count, device)
+            )
+            rows.append(out)
+    finally:
+        for engine in engines:
+            engine.stop()
+        loop.close()
+    return samples, rows
+
+
 def batch_one(options, device: str, smoke: bool):
     """One 128-token text (smoke: 16) at a time through each engine: p50 of each."""
     checkpoint = save_bert(Path(tempfile.mkdtemp()), "smoke" if smoke else "bert-base")
     spec, (plain, fp8) = engines(checkpoint.folder, device, smoke, options.backend)
     rng = np.random.default_rng(3)
     text = [[2, *rng.integers(5, spec.vocab_size, 14 if smoke else 126).tolist(), 3]]
-    loop = asyncio.new_event_loop()
-    p50, vectors = [], []
-    try:
-        for engine in (plain, fp8):
-            for _ in range(3):
-                out = loop.run_until_complete(engine.run(text))
-            samples = timed(
-                lambda engine=engine: loop.run_until_complete(engine.run(text)), 5 if smoke else 200, device
-            )
-            p50.append(1000 * float(np.median(samples)))
-            vectors.append(out)
-    finally:
-        plain.stop()
-        fp8.stop()
-        loop.close()
+    samples, vectors = each_engine((plain, fp8), text, 5 if smoke else 200, device)
+    p50 = [1000 * float(np.median(seconds)) for seconds in samples]
     cosine = min_cosine(vectors[1], vectors[0])
     return (p50[1], p50[0]), engine_backend(fp8), ("min_cosine_vs_bf16", cosine, cosine < MIN_COSINE)
 

@@ -44,27 +44,16 @@ def prepare_colbert_ai(checkpoint, device: str, dtype, autocast: bool) -> None:
 
 def colbert_ai_documents(folder: Path) -> Reference:
     """colbert-ai's document vectors, a row a token (its skiplist's zeros)."""
-    from benchmarks.token_checkpoints import colbert_ai_checkpoint
-
-    checkpoint = colbert_ai_checkpoint(folder)
-
-    def reference(sequences, device, dtype, autocast=False):
-        import torch
-
-        prepare_colbert_ai(checkpoint, device, dtype, autocast)
-        out = []
-        with torch.inference_mode():
-            for batch in batches(sequences):
-                vectors = checkpoint.doc(*padded(batch, device), keep_dims="return_mask")[0]
-                out += [vectors[row, : len(ids)].float().cpu().numpy() for row, ids in enumerate(batch)]
-        return np.concatenate(out)
-
-    return reference
+    return colbert_ai_vectors(folder, queries=False)
 
 
 def colbert_ai_queries(folder: Path) -> Reference:
     """colbert-ai's query vectors, a row a token: its trailing expansion [MASK]s attend but are no keys
     (out of the attention mask, as its QueryTokenizer leaves them with attend_to_mask_tokens false)."""
+    return colbert_ai_vectors(folder, queries=True)
+
+
+def colbert_ai_vectors(folder: Path, queries: bool) -> Reference:
     from benchmarks.token_checkpoints import colbert_ai_checkpoint
 
     checkpoint = colbert_ai_checkpoint(folder)
@@ -77,9 +66,13 @@ def colbert_ai_queries(folder: Path) -> Reference:
         with torch.inference_mode():
             for batch in batches(sequences):
                 ids, mask = padded(batch, device)
-                mask = mask * expansion_free(ids)
-                vectors = checkpoint.query(ids, mask)
-                out += [vectors[row, : len(ids)].float().cpu().numpy() for row, ids in enumerate(batch)]
+                if queries:
+                    vectors = checkpoint.query(ids, mask * expansion_free(ids))
+                else:
+                    vectors = checkpoint.doc(ids, mask, keep_dims="return_mask")[0]
+                out += [
+                    vectors[row, : len(sequence)].float().cpu().numpy() for row, sequence in enumerate(batch)
+                ]
         return np.concatenate(out)
 
     return reference
