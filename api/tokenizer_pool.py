@@ -8,13 +8,13 @@ import asyncio
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from engine.errors import BehindDeadline, EngineError
+from engine.service_rate import MovingRate
 
 T = TypeVar("T")
 NUM_PARTS = 64  # the moving window of measured parts
@@ -66,8 +66,7 @@ class TokenizerPool:
     def __init__(self, num_threads: int):
         self.num_threads = max(1, num_threads)
         self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
-        self._parts: deque[tuple[int, float]] = deque(maxlen=NUM_PARTS)
-        self._totals = (0, 0.0)
+        self._parts = MovingRate(NUM_PARTS)
         self._queued_chars = 0  # of parts submitted and not yet finished (or refused)
         self._lock = threading.Lock()
 
@@ -76,17 +75,11 @@ class TokenizerPool:
         if num_chars <= 0 or seconds <= 0:
             return
         with self._lock:
-            chars, total = self._totals
-            if len(self._parts) == self._parts.maxlen:
-                old_chars, old_seconds = self._parts[0]
-                chars, total = chars - old_chars, total - old_seconds
-            self._parts.append((num_chars, seconds))
-            self._totals = (chars + num_chars, total + seconds)
+            self._parts.add(num_chars, seconds)
 
     @property
     def seconds_per_char(self) -> float | None:
-        chars, seconds = self._totals
-        return seconds / chars if chars else None
+        return self._parts.seconds_per_unit
 
     @property
     def queued_chars(self) -> int:

@@ -27,6 +27,28 @@ MAX_MARGIN = 2.0
 MIN_CHECKED = 8
 
 
+class MovingRate:
+    """Seconds a unit (a token, a character) over the last `window` observations: their summed seconds
+    over their summed units. Its owner serializes `add`; a read takes one tuple, never half an update."""
+
+    def __init__(self, window: int):
+        self._observations: deque[tuple[int, float]] = deque(maxlen=window)
+        self._totals = (0, 0.0)
+
+    def add(self, units: int, seconds: float) -> None:
+        total_units, total_seconds = self._totals
+        if len(self._observations) == self._observations.maxlen:
+            old_units, old_seconds = self._observations[0]
+            total_units, total_seconds = total_units - old_units, total_seconds - old_seconds
+        self._observations.append((units, seconds))
+        self._totals = (total_units + units, total_seconds + seconds)
+
+    @property
+    def seconds_per_unit(self) -> float | None:
+        units, seconds = self._totals
+        return seconds / units if units else None
+
+
 class ServiceRate:
     """Seconds per token over the last NUM_BATCHES measured batches, each batch's time being how long the
     engine was busy with it: from its launch, or from the previous batch's end where batches overlap,
@@ -35,8 +57,7 @@ class ServiceRate:
     def __init__(self, max_batch_tokens: int):
         self.max_batch_tokens = max_batch_tokens
         self._min_tokens = max(1, int(max_batch_tokens * MIN_BATCH_SHARE))
-        self._batches: deque[tuple[int, float]] = deque(maxlen=NUM_BATCHES)
-        self._totals = (0, 0.0)
+        self._batches = MovingRate(NUM_BATCHES)
         self._last_batch_s = 0.0
         self._overruns: deque[float] = deque(maxlen=NUM_REQUESTS)
         self.margin = MAX_MARGIN  # what admission multiplies an estimate by (set by the engine's thread)
@@ -59,12 +80,7 @@ class ServiceRate:
         if not self.measures(num_tokens) or busy_s <= 0:
             return
         with self._lock:
-            tokens, seconds = self._totals
-            if len(self._batches) == self._batches.maxlen:
-                old_tokens, old_seconds = self._batches[0]
-                tokens, seconds = tokens - old_tokens, seconds - old_seconds
-            self._batches.append((num_tokens, busy_s))
-            self._totals = (tokens + num_tokens, seconds + busy_s)
+            self._batches.add(num_tokens, busy_s)
             self._last_batch_s = busy_s
 
     @staticmethod
@@ -84,8 +100,7 @@ class ServiceRate:
 
     @property
     def seconds_per_token(self) -> float | None:
-        tokens, seconds = self._totals
-        return seconds / tokens if tokens else None
+        return self._batches.seconds_per_unit
 
     def seconds_for(self, num_tokens: int) -> float | None:
         """How long `num_tokens` queued tokens take to come back: their share of the rate, plus what is
