@@ -12,6 +12,7 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,16 @@ class ReplicaConfig:
     batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None
 
 
+# a replica that refuses its model writes this and the reason in its description, and exits with the code
+REFUSAL = b"refused: "
+REFUSED_EXIT_CODE = 2
+
+
+def refusal_of(description: bytes) -> str | None:
+    """The reason a replica refused its model, from its description; None where it did not."""
+    return description[len(REFUSAL) :].decode(errors="replace") if description.startswith(REFUSAL) else None
+
+
 def replica_main(config: ReplicaConfig, ready, description) -> None:
     """The spawned process's entry: `ready` (a multiprocessing Event) is set once the engine is warm,
     after `description` (a shared character array) got the engine's describe() as JSON."""
@@ -71,12 +82,16 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format=f"%(asctime)s %(levelname)s replica {os.getpid()}: %(message)s"
     )
-    spec = config.source.resolve()
     on_batch = None
     if config.batch_observer is not None and config.metrics_model is not None:
         on_batch = config.batch_observer(config.metrics_model)
-    # in a thread that exits: this main thread would otherwise slow the engine's CPU steps
-    engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
+    try:
+        spec = config.source.resolve()
+        # in a thread that exits: this main thread would otherwise slow the engine's CPU steps
+        engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
+    except EngineError as error:  # a refusal (the model, its backend): the gateway says it, once
+        description.value = (REFUSAL + str(error).encode())[: len(description) - 1]
+        sys.exit(REFUSED_EXIT_CODE)
     description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.replica import ReplicaConfig, replica_main
+from engine.replica import ReplicaConfig, refusal_of, replica_main
 from engine.replica_pool import ReplicaPool
 from engine.shm_ring import memory_folder
 from engine.source import ModelSource
@@ -145,8 +145,11 @@ class ReplicaSet:
         process = self.processes[index]
         while not ready.wait(0.1):
             if not process.is_alive() or time.monotonic() > deadline:
-                state = f"exited with code {process.exitcode}" if not process.is_alive() else "stayed cold"
                 device = self.configs[index].engine.device
+                reason = None if process.is_alive() else refusal_of(self._descriptions[index].value)
+                if reason is not None:
+                    raise ReplicaStartError(f"engine replica {index} ({device}) refused: {reason}")
+                state = f"exited with code {process.exitcode}" if not process.is_alive() else "stayed cold"
                 raise ReplicaStartError(
                     f"engine replica {index} ({device}) {state} while starting; see its log"
                 )

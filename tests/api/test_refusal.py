@@ -52,9 +52,12 @@ def test_an_unsupported_splade_pooling_is_one_line(minilm_path, tmp_path):
     )
 
 
-def test_a_refusal_while_the_lifespan_loads_is_one_line():
+@pytest.mark.parametrize("layout", [(), ("--engine-process", "on")])
+def test_a_refusal_while_the_lifespan_loads_is_one_line(layout):
     """What only building the engine finds (here an attention backend the CPU cannot run) is refused in the
-    lifespan, under uvicorn, which would log Litestar's exception group."""
+    lifespan, under uvicorn, which would log Litestar's exception group; or in the engine's own process,
+    which says why to the gateway instead of printing its traceback."""
     assert_refused(
-        serve("--attention-backend", "flashinfer"), "attention backend 'flashinfer' cannot run on cpu"
+        serve("--attention-backend", "flashinfer", *layout),
+        "attention backend 'flashinfer' cannot run on cpu",
     )
