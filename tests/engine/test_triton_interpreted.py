@@ -72,7 +72,10 @@ def assert_quantized_like_torch(rows, x):
 def test_row_quantization(interpreted, width):
     x = torch.randn(31, width, generator=torch.Generator().manual_seed(width)) * 3
     x[4] = 0  # a row of zeros keeps a finite scale
-    assert_quantized_like_torch(fp8.quantize_by_kernel(fp8._quantize_kernel(), x), x)
+    rows = fp8.quantize_by_kernel(fp8._quantize_kernel(), x)
+    assert rows.scales[4].item() == pytest.approx(fp8.MIN_SCALE) and not rows.values[4].float().any()
+    others = torch.arange(31) != 4  # zeros would count as the interpreter's dropped carries
+    assert_quantized_like_torch(fp8.Fp8Rows(rows.values[others], rows.scales[others], rows.dtype), x[others])
 
 
 @pytest.mark.parametrize(("with_types", "offset"), [(True, 0), (False, 2), (None, 0)])
@@ -287,11 +290,12 @@ def test_a_gated_product_feeding_an_fp8_projection_comes_quantized(interpreted, 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
 def test_a_gelu_feeding_an_fp8_projection_comes_quantized(interpreted, activation):
-    """BERT's up projection: its GELU (erf, or the tanh form) and the down projection's quantization in one
-    pass; against torch's GELU then quantize_rows: scales within 1e-6, values within a step of e4m3."""
+    """BERT's up projection: its GELU (the tanh form, for BERT's erf "gelu" too, as the bf16 path's epilogue)
+    and the down projection's quantization in one pass; against torch's tanh GELU then quantize_rows: scales
+    within 1e-6, values within a step of e4m3."""
     x = torch.randn(11, 1536, generator=torch.Generator().manual_seed(3)) * 3
     rows = fp8.activate_and_quantize(fp8._activation_kernel(), x, activation)
-    expected = quantize_rows(F.gelu(x, approximate="none" if activation == "gelu" else "tanh"))
+    expected = quantize_rows(F.gelu(x, approximate="tanh"))
     assert relative_error(rows.scales, expected.scales) < 1e-6
     got, want = rows.values.float() * rows.scales, expected.values.float() * expected.scales
     # a value may land a step of e4m3 apart (1/8 relative), or twice the step where the interpreter
