@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.host_copy import copied
+
 KEPT_BUFFERS = 4  # the engine reads a step's rows before its next-but-one step: two are in use at most
 # rows past this many floats are checked for NaN and inf on the device, whose reduction comes back with them:
 # on the host the check took longer than their copy (27M floats, a bge-m3 batch's token rows)
@@ -71,7 +73,7 @@ class LazyTensor:
                 self._result = self._host.float().numpy()
             else:
                 self.copied.synchronize()
-                self._result = self._host.numpy().copy()
+                self._result = copied(self._host.numpy())
                 if self._device_checked:
                     self._finite = bool(self._buffer[self._host.numel()] == 1)
                 if self._buffers is not None:
@@ -84,3 +86,4 @@ class LazyTensor:
         if self._finite is None:
             self._finite = bool(np.isfinite(self.result()).all())
         return self._finite
+

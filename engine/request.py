@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.host_copy import copy_into
 from engine.passing_thread import settle
 
 
@@ -66,7 +67,7 @@ class EngineRequest:
                 self.done(self._output())
                 return
             self.rows = np.empty((self.num_pending, rows.shape[1]), dtype=np.float32)
-        self.rows[start : start + len(rows)] = rows
+        copy_into(self.rows[start : start + len(rows)], rows)
         self.num_pending -= len(rows)
         if self.num_pending == 0:
             self.done(self._output())
