@@ -85,6 +85,8 @@ def engines(folder: Path, device: str, smoke: bool, backend: str):
     """(bf16 engine, fp8 engine) of one checkpoint (float32 under smoke)."""
     from engine.build import build_engine
     from engine.config import EngineConfig
+    from engine.layers.fp8 import fp8_layers
+    from engine.layers.fp8_choice import shape_of
     from engine.resolve import resolve_model
 
     spec = resolve_model(str(folder))
@@ -96,6 +98,8 @@ def engines(folder: Path, device: str, smoke: bool, backend: str):
             cuda_graphs="off" if smoke else "lazy", quantization=quantization,
         )  # fmt: skip
         built.append(build_engine(spec, config))
+    chosen = {shape_of(layer): layer.min_rows for layer in fp8_layers(built[-1].runner.model)}
+    print(f"{folder.name}: fp8 from rows {chosen or 'nowhere: the model dtype throughout'}")
     return spec, built
 
 

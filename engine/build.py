@@ -43,7 +43,10 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
         position_bias=shape.position_bias,
         graphs=config.uses_cuda_graphs,
     )
-    model = load_model(spec, device, DTYPES[config.dtype], backend, config.quantization)
+    model = load_model(
+        spec, device, DTYPES[config.dtype], backend, config.quantization, config.fp8_min_rows,
+        config.max_batch_tokens,
+    )  # fmt: skip
     graphs = None
     if config.uses_cuda_graphs and backend.graph_safe:
         graphs = GraphCache(model, backend, config, device, max_seqlen=spec.max_seq_length)

@@ -45,6 +45,9 @@ class EngineConfig:
     shared_prefixes: bool = True
     # "fp8": the backbone's projections in FP8 (engine/layers/fp8.py); "none": the model dtype throughout
     quantization: str = "none"
+    # with "fp8": the rows from which a projection's input runs in FP8; None: from where it is faster, as
+    # measured per shape at start-up on CUDA (engine/layers/fp8_choice.py); always on the CPU
+    fp8_min_rows: int | None = None
 
     def check(self, max_window: int) -> None:
         if self.max_batch_tokens < max_window:

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, select_backend
-from engine.config import QUANTIZATIONS
+from engine.config import GPU_MAX_BATCH_TOKENS, QUANTIZATIONS
 from engine.errors import QuantizationUnavailable, WeightLoadError
-from engine.layers.fp8 import check_fp8, quantize_linears
+from engine.layers.fp8 import NEVER, check_fp8, fp8_layers, quantize_linears, unquantize_linears
+from engine.layers.fp8_choice import choose_fp8_rows
 from engine.layers.pooling import Pooler
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.heads import Embedder
@@ -41,9 +42,13 @@ def load_model(
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
     quantization: str = "none",
+    fp8_min_rows: int | None = None,
+    max_rows: int = GPU_MAX_BATCH_TOKENS,
 ) -> nn.Module:
     """Build the model on the device in eval mode; every parameter comes from the checkpoint. With
-    `quantization` "fp8", the backbone's projections then run in FP8 (engine/layers/fp8.py)."""
+    `quantization` "fp8", the backbone's projections then run in FP8 (engine/layers/fp8.py) for inputs of
+    `fp8_min_rows` rows or more; None: from where it pays on CUDA, measured per shape up to `max_rows`
+    (engine/layers/fp8_choice.py), and always on the CPU, where FP8 is emulated for checking accuracy."""
     if quantization not in QUANTIZATIONS:
         raise QuantizationUnavailable(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     if spec.implementation == "transformers":
@@ -72,9 +77,37 @@ def load_model(
         count = quantize_linears(backbone, backbone.fp8_linears)
         if count == 0:
             raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
+        settle_fp8_rows(spec, backbone, torch.device(device), fp8_min_rows, max_rows)
         backbone.fuse_fp8_inputs()
-        logger.info("%s: %d projections run in FP8 (weights per channel, inputs per token)", spec.name, count)
     return model.eval().requires_grad_(False)
+
+
+def settle_fp8_rows(
+    spec: ModelSpec, backbone: nn.Module, device: torch.device, min_rows: int | None, max_rows: int
+) -> None:
+    """Set the rows from which each FP8 projection runs in FP8 (load_model's `fp8_min_rows`); where none
+    pays at any size, the projections go back to the model dtype."""
+    if min_rows is not None or device.type != "cuda":
+        for layer in fp8_layers(backbone):
+            layer.min_rows = min_rows or 0
+        logger.info(
+            "%s: %d projections run in FP8 (weights per channel, inputs per token) from %d rows",
+            spec.name, len(fp8_layers(backbone)), min_rows or 0,
+        )  # fmt: skip
+        return
+    chosen = choose_fp8_rows(backbone, max_rows)
+    if all(rows == NEVER for rows in chosen.values()):
+        unquantize_linears(backbone)
+        logger.warning(
+            "%s: --quantization fp8 is faster at no batch size up to %d tokens on this GPU (measured for "
+            "%s): the model runs in its dtype", spec.name, max_rows, ", ".join(chosen),
+        )  # fmt: skip
+        return
+    logger.info(
+        "%s: %d projections run in FP8 (weights per channel, inputs per token) where it is faster, as "
+        "measured: %s", spec.name, len(fp8_layers(backbone)),
+        "; ".join(f"{shape} from {rows:.0f} rows" for shape, rows in chosen.items()),
+    )  # fmt: skip
 
 
 def check_checkpoint(spec: ModelSpec, dtype: torch.dtype) -> None:

@@ -1,13 +1,17 @@
 """A bulk job's input: JSONL, CSV or Parquet, local or on any filesystem pyarrow understands (s3://...),
-read in record batches so that a file larger than memory streams, and cut into shards of a fixed number
-of rows, so that shard k is the same rows on every run."""
+or JSONL and CSV from a stream (stdin as `-`, a pipe), read in record batches so that a file larger than
+memory streams, and cut into shards of a fixed number of rows, so that shard k is the same rows on every
+run."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -15,7 +19,9 @@ import pyarrow.fs as pafs
 from api.bulk.errors import JobError
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+COMPRESSIONS = (".gz", ".bz2", ".zst", ".lz4")  # pyarrow decompresses a file of these as it opens it
 READ_BLOCK_BYTES = 16 << 20  # of JSONL and CSV per record batch
+STDIN = "-"
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -28,11 +34,13 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 def input_format(uri: str, given: str | None) -> str:
     if given is not None:
         return given
-    suffix = Path(uri.split("?")[0]).suffix.lower()
-    if suffix not in FORMATS:
+    path = Path(uri.split("?")[0].lower())
+    if path.suffix in COMPRESSIONS:
+        path = path.with_suffix("")
+    if path.suffix not in FORMATS:
         known = "give --input-format jsonl, csv or parquet"
         raise JobError(f"cannot tell the format of {uri} from its suffix: {known}")
-    return FORMATS[suffix]
+    return FORMATS[path.suffix]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +57,31 @@ class Source:
     text_column: str
     id_column: str | None  # None: a row's number (from 0) is its id
 
-    def num_rows(self) -> int | None:
-        """Known up front for Parquet (its footer); None for the text formats."""
-        if self.format != "parquet":
-            return None
-        import pyarrow.parquet as pq
+    def why_not_counted(self) -> str | None:
+        """None where num_rows() counts the input's rows up front; otherwise why it does not."""
+        if self._is_stream():
+            return "a stream"
+        if self.format != "parquet" and not isinstance(filesystem(self.uri)[0], pafs.LocalFileSystem):
+            return "a remote file, read once"
+        return None
 
-        fs, path = filesystem(self.uri)
-        return pq.ParquetFile(path, filesystem=fs).metadata.num_rows
+    def num_rows(self, stop: threading.Event | None = None) -> int | None:
+        """Parquet's from its footer; a local text file's by reading it through the parser shards() reads
+        it with (the same rows, whatever its quoted newlines or blank lines), at a fraction of the cost
+        of embedding them. None for what why_not_counted() names, or once `stop` is set."""
+        if self.why_not_counted() is not None:
+            return None
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            fs, path = filesystem(self.uri)
+            return pq.ParquetFile(path, filesystem=fs).metadata.num_rows
+        num_rows = 0
+        for batch in self._batches():
+            if stop is not None and stop.is_set():
+                return None
+            num_rows += len(batch)
+        return num_rows
 
     def shards(self, shard_rows: int) -> Iterator[Shard]:
         """Shards of `shard_rows` rows in input order (the last may be shorter)."""
@@ -92,11 +117,31 @@ class Source:
             raise JobError(f"{self.uri} has no column '{self.id_column}' (it has {names}): give --id-column")
         return texts.to_pylist(), batch.column(self.id_column).to_pylist()
 
+    def _is_stream(self) -> bool:
+        """stdin, a pipe, a FIFO: read once as it comes, with no size."""
+        if self.uri == STDIN:
+            return True
+        fs, path = filesystem(self.uri)
+        return isinstance(fs, pafs.LocalFileSystem) and fs.get_file_info(path).type == pafs.FileType.Unknown
+
+    def _open_text(self) -> contextlib.AbstractContextManager[BinaryIO | pa.NativeFile]:
+        """The bytes of a JSONL or CSV input: a file's, decompressed where its suffix says so, or a
+        stream's, opened in Python, since pyarrow seeks in what it opens and a pipe cannot."""
+        if self.uri == STDIN:
+            return contextlib.nullcontext(sys.stdin.buffer)
+        fs, path = filesystem(self.uri)
+        if self._is_stream():
+            return open(path, "rb")
+        return fs.open_input_stream(path)
+
     def _batches(self) -> Iterator[pa.RecordBatch]:
         fs, path = filesystem(self.uri)
         try:
             if self.format == "parquet":
                 import pyarrow.parquet as pq
+
+                if self._is_stream():
+                    raise JobError(f"{self.uri} is a stream: Parquet is read from its footer, so give a file")
 
                 columns = [self.text_column] + ([self.id_column] if self.id_column else [])
                 parquet = pq.ParquetFile(path, filesystem=fs)
@@ -106,7 +151,7 @@ class Source:
                     raise JobError(f"{self.uri} has no column {missing[0]!r} (it has {names})")
                 yield from parquet.iter_batches(batch_size=64 * 1024, columns=columns)
                 return
-            with fs.open_input_stream(path) as stream:
+            with self._open_text() as stream:
                 yield from self._text_batches(stream)
         except FileNotFoundError as error:
             raise JobError(f"no input at {self.uri}") from error

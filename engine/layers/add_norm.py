@@ -9,14 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.fp8 import FP8, Fp8Rows, quantize_rows
+from engine.layers.fp8 import FP8, NEVER, Fp8Rows, quantize_rows
 from engine.layers.triton_kernel import triton_kernel
 
 MAX_HIDDEN = 8192  # one row per program: wider rows take the torch ops
 
 
 class AddLayerNorm(nn.LayerNorm):
-    quantize = False  # set where the next projection runs in FP8 (Backbone.fuse_fp8_inputs)
+    # the rows from which the next projection runs in FP8: the norm writes its input (Backbone.fuse_fp8_inputs)
+    quantize_from: float = NEVER
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # [num_tokens, hidden] x2 -> [num_tokens, hidden]
@@ -25,13 +26,14 @@ class AddLayerNorm(nn.LayerNorm):
     def with_input(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
-        """(LayerNorm(x + residual), the next projection's input: the same rows, or with `quantize` those
-        rows in FP8, written by the same kernel on CUDA)."""
+        """(LayerNorm(x + residual), the next projection's input: the same rows, or from quantize_from rows
+        those rows in FP8, written by the same kernel on CUDA)."""
         kernel = _triton_kernel() if x.is_cuda else None
+        quantize = x.shape[0] >= self.quantize_from
         if kernel is None or x.shape[-1] > MAX_HIDDEN:
             out = F.layer_norm(x + residual, self.normalized_shape, self.weight, self.bias, self.eps)
-            return out, quantize_rows(out) if self.quantize else out
-        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, self.quantize)
+            return out, quantize_rows(out) if quantize else out
+        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, quantize)
 
 
 def add_layer_norm(

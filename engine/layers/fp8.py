@@ -4,7 +4,11 @@ token), and one scaled GEMM (torch._scaled_mm) that applies both scales and the 
 
 A producer of the input may hand over rows it has quantized itself (Fp8Rows: a norm that writes them in
 the pass that normalizes); any other input is quantized here first. The backbone's projections (attention
-and MLP) are converted; embeddings, norms, attention itself and the heads stay in the model dtype."""
+and MLP) are converted; embeddings, norms, attention itself and the heads stay in the model dtype.
+
+Each projection keeps its model-dtype layer too, for inputs of fewer rows than `min_rows`: on the GPU
+engine/layers/fp8_choice.py measures at start-up from how many rows its FP8 GEMM (with its input's
+quantization) beats the model dtype's (a batch of one never does)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ MIN_SCALE = 1e-12  # a row of zeros keeps a finite scale
 MIN_CAPABILITY = (8, 9)
 # what scaled GEMMs take on CUDA: inner and output sizes divisible by 16
 ALIGNMENT = 16
+NEVER = float("inf")  # a min_rows (or quantize_from) no input reaches
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +67,19 @@ def quantize_by_kernel(kernel, x: torch.Tensor) -> Fp8Rows:
     values = torch.empty(num_rows, width, dtype=FP8, device=x.device)
     scales = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
     block = 1 << (width - 1).bit_length()
-    kernel[(num_rows,)](x, values, scales, width, BLOCK=block, num_warps=8 if block > 2048 else 4)
+    kernel[(num_rows,)](x, values, scales, width, BLOCK=block, num_warps=row_warps(block))
     return Fp8Rows(values, scales, x.dtype)
 
 
 class Fp8Linear(nn.Module):
     """An nn.Linear (or LinearActivation) whose weight is FP8 with a float32 scale per output channel;
-    the bias and the output stay in the model dtype."""
+    the bias and the output stay in the model dtype. Inputs of fewer than `min_rows` rows (0 by default)
+    run through `linear`, the layer it was made from."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        self.linear = linear
+        self.min_rows: float = 0
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
         # [out, in] row-major: its transpose is the column-major operand the scaled GEMM takes
@@ -82,14 +90,20 @@ class Fp8Linear(nn.Module):
         self.activation: str | None = getattr(linear, "activation", None)
         self.act = getattr(linear, "act", None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        # set where the next projection runs in FP8 too: the activation and that projection's
-        # quantization run as one kernel on CUDA, which hands over Fp8Rows (Backbone.fuse_fp8_inputs)
-        self.quantize_output = False
+        # the rows from which the next projection runs in FP8 too, where it does: the activation and that
+        # projection's quantization run as one kernel on CUDA, which hands over Fp8Rows
+        # (Backbone.fuse_fp8_inputs)
+        self.quantize_output_from: float = NEVER
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor | Fp8Rows:
         # [num_tokens, in_features] (or its Fp8Rows) -> [num_tokens, out_features] in the model dtype,
-        # or with quantize_output its Fp8Rows
-        rows = x if isinstance(x, Fp8Rows) else quantize_rows(x)
+        # or from quantize_output_from rows on its Fp8Rows
+        if isinstance(x, Fp8Rows):
+            rows = x
+        elif x.shape[0] < self.min_rows:
+            return self.linear(x)
+        else:
+            rows = quantize_rows(x)
         out = torch._scaled_mm(
             rows.values,
             self.weight.t(),
@@ -98,14 +112,20 @@ class Fp8Linear(nn.Module):
             bias=self.bias,
             out_dtype=rows.dtype,
         )
-        if self.quantize_output:
+        if out.shape[0] >= self.quantize_output_from:
             return activated_rows(out, self.activation, self.act)
         return out if self.act is None else self.act(out)
 
     def extra_repr(self) -> str:
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, fp8 (per channel, per token)"
+            f"in_features={self.in_features}, out_features={self.out_features}, fp8 (per channel, per token) "
+            f"from {self.min_rows} rows"
         )
+
+
+def fp8_rows_from(module: nn.Module) -> float:
+    """The rows from which `module` takes its input in FP8: an Fp8Linear's min_rows, NEVER for others."""
+    return module.min_rows if isinstance(module, Fp8Linear) else NEVER
 
 
 @triton_kernel
@@ -138,7 +158,14 @@ def activated_rows(x: torch.Tensor, activation: str | None, act) -> Fp8Rows:
 # cuBLASLt epilogue computes it (engine/layers/linear_act.py: within 4.7e-4 of erf, under a bf16 step), since
 # libdevice's erf made the kernel compute-bound (156 us for BERT-base's 16k x 3,072 on the H200)
 KERNEL_ACTIVATIONS = {"gelu": True, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
-MAX_FUSED_COLUMNS = 8192  # a row in one program; wider ones take the torch ops
+# a row in one program; wider ones take the torch ops (Qwen2-1.5B's gated product is 8,960 wide: at 8,192 its
+# torch passes left FP8 at 1.74x HF against bf16's 2.59x on the H200)
+MAX_FUSED_COLUMNS = 16384
+
+
+def row_warps(block: int) -> int:
+    """The warps of a program that holds a row of `block` columns."""
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
 def activate_and_quantize(kernel, x: torch.Tensor, activation: str) -> Fp8Rows:
@@ -150,7 +177,7 @@ def activate_and_quantize(kernel, x: torch.Tensor, activation: str) -> Fp8Rows:
     block = 1 << (width - 1).bit_length()
     tanh = KERNEL_ACTIVATIONS[activation]
     kernel[(num_tokens,)](
-        x, values, scales, width, TANH=tanh, BLOCK=block, num_warps=8 if block > 2048 else 4
+        x, values, scales, width, TANH=tanh, BLOCK=block, num_warps=row_warps(block)
     )
     return Fp8Rows(values, scales, x.dtype)
 
@@ -188,6 +215,18 @@ def quantize_linears(module: nn.Module, names: tuple[str, ...]) -> int:
                 setattr(parent, name, Fp8Linear(child))
                 replaced += 1
     return replaced
+
+
+def fp8_layers(module: nn.Module) -> list[Fp8Linear]:
+    return [layer for layer in module.modules() if isinstance(layer, Fp8Linear)]
+
+
+def unquantize_linears(module: nn.Module) -> None:
+    """Put back each Fp8Linear's model-dtype layer."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Fp8Linear):
+                setattr(parent, name, child.linear)
 
 
 def aligned(linear: nn.Linear) -> bool:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine.layers.add_norm import MAX_HIDDEN, triton_block
-from engine.layers.fp8 import FP8, Fp8Rows, quantize_rows
+from engine.layers.fp8 import FP8, NEVER, Fp8Rows, quantize_rows
 from engine.layers.triton_kernel import triton_kernel
 
 
@@ -41,20 +41,23 @@ class RMSNorm(nn.Module):
 
 class AddRMSNorm(RMSNorm):
     """(RMSNorm(x + residual), x + residual): the sum is the next block's residual stream. Without a
-    residual (the first block) it is (RMSNorm(x), x). With `quantize`, the normalized rows come as Fp8Rows."""
+    residual (the first block) it is (RMSNorm(x), x). From quantize_from rows on, the normalized rows come as
+    Fp8Rows."""
 
-    quantize = False  # set where the next projection runs in FP8 (Backbone.fuse_fp8_inputs)
+    # the rows from which the next projection runs in FP8: the norm writes its input (Backbone.fuse_fp8_inputs)
+    quantize_from: float = NEVER
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
         # [num_tokens, hidden] x2 -> [num_tokens, hidden] (or its Fp8Rows) and [num_tokens, hidden]
         kernel = _triton_kernel() if x.is_cuda else None
+        quantize = x.shape[0] >= self.quantize_from
         if kernel is None or x.shape[-1] > MAX_HIDDEN:
             total = x if residual is None else x + residual
             normed = rms_norm(total, self.weight, self.eps, self.offset)
-            return quantize_rows(normed) if self.quantize else normed, total
-        return add_rms_norm(kernel, x, residual, self.weight, self.eps, self.offset, self.quantize)
+            return quantize_rows(normed) if quantize else normed, total
+        return add_rms_norm(kernel, x, residual, self.weight, self.eps, self.offset, quantize)
 
 
 def add_rms_norm(

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import UnsupportedModel
-from engine.layers.fp8 import FP8, MAX_FUSED_COLUMNS, Fp8Rows, quantize_rows
+from engine.layers.fp8 import FP8, MAX_FUSED_COLUMNS, Fp8Rows, quantize_rows, row_warps
 from engine.layers.triton_kernel import triton_kernel
 
 BLOCK_COLUMNS = 1024
@@ -48,7 +48,7 @@ def gated(
         block = 1 << (intermediate - 1).bit_length()
         kernel[(num_tokens, 1)](
             gate_up, values, scales, intermediate, GELU_TANH=gelu, QUANTIZE=True, BLOCK=block,
-            num_warps=8 if block > 2048 else 4,
+            num_warps=row_warps(block),
         )  # fmt: skip
         return Fp8Rows(values, scales, gate_up.dtype)
     out = gate_up.new_empty(num_tokens, intermediate)

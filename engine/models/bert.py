@@ -16,7 +16,7 @@ from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.add_norm import AddLayerNorm
 from engine.layers.embed_norm import embed_layer_norm
-from engine.layers.fp8 import Fp8Linear
+from engine.layers.fp8 import Fp8Linear, fp8_rows_from
 from engine.layers.linear_act import LinearActivation
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout, MlmLayout
 
@@ -262,9 +262,9 @@ class BertBackbone(Backbone):
         # The QKV input (the last LayerNorm's, also the residual) and the attention output are quantized
         # in their projections
         for layer in self.layers:
+            layer.attention_norm.quantize_from = fp8_rows_from(layer.up)
             if isinstance(layer.up, Fp8Linear):
-                layer.attention_norm.quantize = True
-                layer.up.quantize_output = isinstance(layer.down, Fp8Linear)
+                layer.up.quantize_output_from = fp8_rows_from(layer.down)
 
     @classmethod
     def parse(cls, hf_config: Any, architecture: str, variant: BertVariant, causal: bool) -> BertConfig:

@@ -13,7 +13,7 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
-from engine.layers.fp8 import Fp8Linear
+from engine.layers.fp8 import NEVER, fp8_rows_from
 from engine.layers.qk_norm_rotary import QKNormRotary
 from engine.layers.rms_norm import AddRMSNorm, rms_norm
 from engine.layers.rotary import rope_theta, rotary_tables
@@ -220,7 +220,8 @@ class DecoderMLP(nn.Module):
     """A gated MLP (SwiGLU; GELU-tanh for Gemma3): gate and up projections as one GEMM, act(gate) * up as
     one kernel on CUDA."""
 
-    quantize = False  # the down projection runs in FP8: the gated product comes as its Fp8Rows
+    # the rows from which the down projection runs in FP8: the gated product then comes as its Fp8Rows
+    quantize_from: float = NEVER
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
@@ -230,7 +231,8 @@ class DecoderMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # [num_tokens, hidden] -> [num_tokens, hidden]
-        return self.down(gated(self.gate_up(hidden), self.activation, quantize=self.quantize))
+        quantize = hidden.shape[0] >= self.quantize_from
+        return self.down(gated(self.gate_up(hidden), self.activation, quantize=quantize))
 
 
 class DecoderLayer(nn.Module):
@@ -300,9 +302,9 @@ class DecoderBackbone(Backbone):
         # each pre-norm writes its FP8 projection's input (QKV's, gate and up's), the gated product the down
         # projection's
         for layer in self.layers:
-            layer.attention_norm.quantize = isinstance(layer.attention.qkv, Fp8Linear)
-            layer.mlp_norm.quantize = isinstance(layer.mlp.gate_up, Fp8Linear)
-            layer.mlp.quantize = isinstance(layer.mlp.down, Fp8Linear)
+            layer.attention_norm.quantize_from = fp8_rows_from(layer.attention.qkv)
+            layer.mlp_norm.quantize_from = fp8_rows_from(layer.mlp.gate_up)
+            layer.mlp.quantize_from = fp8_rows_from(layer.mlp.down)
 
     @classmethod
     def parse(cls, hf_config: Any, architecture: str, variant: DecoderVariant, causal: bool) -> DecoderConfig:

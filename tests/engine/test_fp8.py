@@ -8,7 +8,17 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.errors import QuantizationUnavailable
-from engine.layers.fp8 import FP8_MAX, Fp8Linear, Fp8Rows, check_fp8, quantize_linears, quantize_rows
+from engine.layers.fp8 import (
+    FP8_MAX,
+    NEVER,
+    Fp8Linear,
+    Fp8Rows,
+    check_fp8,
+    fp8_layers,
+    quantize_linears,
+    quantize_rows,
+)
+from engine.layers.fp8_choice import pays_from, row_sizes
 from engine.layers.linear_act import LinearActivation
 
 
@@ -130,16 +140,64 @@ def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_
 
     backend = select_backend("torch", "cpu")
     bert = load_model(resolve_model(str(minilm_path)), "cpu", torch.float32, backend, "fp8")
-    for layer in bert.backbone.layers:
-        assert layer.attention_norm.quantize and layer.up.quantize_output and not layer.mlp_norm.quantize
+    for layer in bert.backbone.layers:  # on the CPU at every size
+        assert layer.attention_norm.quantize_from == 0 and layer.up.quantize_output_from == 0
+        assert layer.mlp_norm.quantize_from == NEVER
     save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="lasttoken")
     spec = resolve_model(str(tmp_path))
     fp8_model = load_model(spec, "cpu", torch.float32, backend, "fp8")
     for layer in fp8_model.backbone.layers:
-        assert not layer.attention_norm.quantize and layer.mlp_norm.quantize and layer.mlp.quantize
+        assert layer.attention_norm.quantize_from == NEVER
+        assert layer.mlp_norm.quantize_from == 0 and layer.mlp.quantize_from == 0
         assert not isinstance(layer.attention.qkv, Fp8Linear) and isinstance(layer.mlp.down, Fp8Linear)
     plain = load_model(spec, "cpu", torch.float32, backend)
     batch = pack([list(range(5, 5 + n)) for n in (3, 17, 40)])
     with torch.inference_mode():
         cosines = (fp8_model(batch) * plain(batch)).sum(dim=1)
     assert cosines.min() >= 0.99, cosines
+
+
+def test_fp8_runs_from_its_chosen_rows_on_and_the_model_dtype_below():
+    torch.manual_seed(0)
+    layer = Fp8Linear(LinearActivation(64, 96, "gelu_new"))
+    layer.min_rows = 8
+    small, large = torch.randn(7, 64), torch.randn(8, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(small), layer.linear(small))  # the model dtype's own layer, exactly
+        got, exact = layer(large), layer.linear(large)
+        assert not torch.equal(got, exact) and ((got - exact).norm() / exact.norm()).item() < 0.05
+        layer.quantize_output_from = 8  # the next projection runs in FP8 from 8 rows: it gets Fp8Rows
+        assert isinstance(layer(large), Fp8Rows) and isinstance(layer(small), torch.Tensor)
+
+
+def test_fp8_pays_from_the_least_size_it_wins_at_and_above():
+    # (rows, the model dtype's seconds, FP8's): FP8 loses small batches and wins from 1,024 rows
+    timings = [(16, 5e-6, 9e-6), (512, 2e-5, 2.1e-5), (1024, 4e-5, 3e-5), (4096, 1.5e-4, 1e-4)]
+    assert pays_from(timings) == 1024
+    assert pays_from([*timings, (8192, 3e-4, 3e-4)]) == NEVER  # a tie at the largest: never
+    assert pays_from([(512, 2e-5, 1e-5), (1024, 4e-5, 4.5e-5), (4096, 1.5e-4, 1e-4)]) == 4096
+    assert row_sizes(5000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 5000]
+
+
+def test_a_decoder_from_its_fp8_rows_writes_fp8_inputs_only_for_batches_that_reach_them(tmp_path):
+    """A Qwen3 whose FP8 runs from 32 rows: a smaller batch is the model dtype's throughout (its vectors
+    equal those of the unquantized model), a larger one runs its MLP in FP8."""
+    from engine.attention import select_backend
+    from engine.batch import pack
+    from engine.resolve import resolve_model
+    from engine.weights import load_model
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    backend = select_backend("torch", "cpu")
+    save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="lasttoken")
+    spec = resolve_model(str(tmp_path))
+    fp8_model = load_model(spec, "cpu", torch.float32, backend, "fp8", fp8_min_rows=32)
+    assert {layer.min_rows for layer in fp8_layers(fp8_model)} == {32}
+    for layer in fp8_model.backbone.layers:
+        assert layer.mlp_norm.quantize_from == 32 and layer.mlp.quantize_from == 32
+    plain = load_model(spec, "cpu", torch.float32, backend)
+    small, large = pack([list(range(5, 5 + n)) for n in (3, 20)]), pack([list(range(5, 45))])
+    with torch.inference_mode():
+        assert torch.equal(fp8_model(small), plain(small))
+        assert not torch.equal(fp8_model(large), plain(large))
+        assert (fp8_model(large) * plain(large)).sum(dim=1).min() >= 0.99

@@ -1,0 +1,94 @@
+"""Which inputs run in FP8: for each projection shape of a model, the rows from which its FP8 GEMM (with
+its input's quantization and its activation) takes less GPU time than the model dtype's layer, measured on
+the device at start-up. Small batches are launch- and latency-bound and never gain (on the H200: a batch of
+one 128-token text 1.42 ms in FP8 against 1.20 in bf16); where no size up to the largest batch gains, the
+projection stays in the model dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from engine.layers.fp8 import NEVER, Fp8Linear
+
+MIN_ROWS = 16  # the least size measured
+REPEATS = 10  # timed runs of each size and kind, back to back
+# FP8 takes a size where it is at least this much faster: a tie keeps the exact path
+MARGIN = 0.03
+# GPU cycles the stream sleeps before the timed runs, so that they are queued before the first starts and
+# the events time the kernels, not their launches (under CUDA graphs launches cost next to nothing)
+QUEUE_AHEAD_CYCLES = 4_000_000
+
+# a timing: (rows, the model dtype's seconds, FP8's seconds)
+Timing = tuple[int, float, float]
+
+
+def choose_fp8_rows(module: nn.Module, max_rows: int) -> dict[str, float]:
+    """Set each Fp8Linear's min_rows under `module` by measuring its shape on its device, once a shape
+    (its in and out sizes, activation and bias); returns min_rows by shape ("768x3072 gelu": 2048.0)."""
+    chosen: dict[str, float] = {}
+    sizes = row_sizes(max_rows)
+    for layer in module.modules():
+        if not isinstance(layer, Fp8Linear):
+            continue
+        shape = shape_of(layer)
+        if shape not in chosen:
+            chosen[shape] = pays_from(measure(layer, sizes))
+        layer.min_rows = chosen[shape]
+    return chosen
+
+
+def shape_of(layer: Fp8Linear) -> str:
+    activation = f" {layer.activation}" if layer.activation else ""
+    return f"{layer.in_features}x{layer.out_features}{activation}{'' if layer.bias is None else ' +bias'}"
+
+
+def row_sizes(max_rows: int) -> list[int]:
+    """Powers of two from MIN_ROWS, and max_rows itself."""
+    sizes, size = [], MIN_ROWS
+    while size < max_rows:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_rows]
+
+
+def pays_from(timings: Sequence[Timing]) -> float:
+    """The least size from which FP8 is faster by MARGIN at it and at every larger size; NEVER where it is
+    not at the largest."""
+    start = NEVER
+    for rows, plain, fp8 in sorted(timings, reverse=True):
+        if fp8 > plain * (1.0 - MARGIN):
+            break
+        start = rows
+    return start
+
+
+def measure(layer: Fp8Linear, sizes: Sequence[int]) -> list[Timing]:
+    """(rows, the model dtype's seconds, FP8's seconds) of the layer at each size, on its device."""
+    weight = layer.linear.weight
+    saved = layer.min_rows, layer.quantize_output_from
+    layer.min_rows, layer.quantize_output_from = 0, NEVER  # the FP8 path, its activation unfused
+    try:
+        timings = []
+        for rows in sizes:
+            x = torch.randn(rows, layer.in_features, device=weight.device, dtype=weight.dtype)
+            timings.append((rows, gpu_seconds(layer.linear, x), gpu_seconds(layer, x)))
+        return timings
+    finally:
+        layer.min_rows, layer.quantize_output_from = saved
+
+
+@torch.inference_mode()
+def gpu_seconds(run: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
+    """The GPU time of one run(x), over REPEATS runs queued behind a sleep."""
+    run(x)  # first use: a kernel's compile, cuBLAS's choice of algorithm
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+    start.record()
+    for _ in range(REPEATS):
+        run(x)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / REPEATS
