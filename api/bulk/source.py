@@ -167,6 +167,8 @@ class Source:
             reader = csv.open_csv(
                 stream,
                 read_options=csv.ReadOptions(block_size=READ_BLOCK_BYTES),
+                # a quoted newline may fall on a block's edge: without this the parser loses its place there
+                parse_options=csv.ParseOptions(newlines_in_values=True),
                 convert_options=csv.ConvertOptions(column_types=types),
             )
         else:
