@@ -16,7 +16,11 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
         help="embed a file of texts (JSONL, CSV, Parquet) into Parquet shards of ids and vectors (a "
         "SPLADE model's: sparse ones; a ColBERT model's: a vector a token)",
     )
-    embed.add_argument("input", help="JSONL, CSV or Parquet: a path, or a URI pyarrow reads (s3://...)")
+    embed.add_argument(
+        "input",
+        help="JSONL, CSV or Parquet: a path, or a URI pyarrow reads (s3://...); JSONL or CSV also compressed "
+        "(.gz, .bz2, .zst, .lz4) or from a pipe ('-': stdin, with --input-format)",
+    )
     embed.add_argument(
         "--output", required=True, help="a folder for the Parquet shards and _manifest.json (path or URI)"
     )

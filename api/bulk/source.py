@@ -142,7 +142,6 @@ class Source:
 
                 if self._is_stream():
                     raise JobError(f"{self.uri} is a stream: Parquet is read from its footer, so give a file")
-
                 columns = [self.text_column] + ([self.id_column] if self.id_column else [])
                 parquet = pq.ParquetFile(path, filesystem=fs)
                 missing = [name for name in columns if name not in parquet.schema_arrow.names]
