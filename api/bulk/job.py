@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from api.bulk.chunk_tokenizer import ChunkTokenizer
 from api.bulk.config import JobConfig
+from api.bulk.errors import JobError
 from api.bulk.job_model import JobModel, Submitted, TokenBudget
 from api.bulk.output import Output, ShardWriter
 from api.bulk.progress import JobProgress
@@ -53,21 +55,35 @@ async def run_job(config: JobConfig) -> JobResult:
     if output.shards:
         finished = (len(output.shards), output.finished_rows, config.output)
         logger.info("taking up %d finished shards (%d rows) in %s", *finished)
-    total_rows = await asyncio.to_thread(source.num_rows)
+    why_not = source.why_not_counted()
+    no_total = "counting the input" if why_not is None else f"{why_not}: no total, no ETA"
+    progress = JobProgress(no_total, logger)
     tokenizer = model.open_tokenizer(config.tokenizer_processes)  # its workers start while the model loads
+    stop_counting = threading.Event()
+    counting = asyncio.create_task(_count_rows(source, progress, stop_counting))  # so does the count
     try:
         engine = await await_in_passing_thread(model.build_engine)
-        progress = JobProgress(total_rows, logger)
+        progress.start()
         try:
             await _run_shards(source, config, model, engine, tokenizer, output, progress)
         finally:
             progress.close()
             engine.stop()
     finally:
+        stop_counting.set()
+        await counting
         tokenizer.close()
     output.finish()
     logger.info("%s; written to %s", progress.line(), config.output)
     return JobResult(progress.rows, progress.skipped_rows, progress.tokens, progress.seconds)
+
+
+async def _count_rows(source: Source, progress: JobProgress, stop: threading.Event) -> None:
+    """The input's rows, counted in a thread beside the job, where why_not_counted() allows."""
+    try:
+        progress.counted(await asyncio.to_thread(source.num_rows, stop))
+    except JobError:
+        pass  # what the count cannot read, the job's own reading meets and reports
 
 
 @dataclass(slots=True, eq=False)
@@ -95,6 +111,7 @@ async def _run_shards(
     shards = source.shards(config.shard_rows)
     open_shards: list[_OpenShard] = []
     failed_at: int | None = None  # the shard whose failure stops the job
+    num_read = 0
 
     async def wait_for_one() -> None:
         nonlocal failed_at
@@ -109,6 +126,7 @@ async def _run_shards(
 
     try:
         while (shard := await asyncio.to_thread(next, shards, None)) is not None:
+            num_read += len(shard.ids)
             if shard.index in output.shards:
                 output.check_finished(shard.index, shard.ids)
                 progress.skipped(len(shard.ids))
@@ -128,6 +146,7 @@ async def _run_shards(
             open_shards.append(entry)
             while len(open_shards) >= MAX_OPEN_SHARDS:
                 await wait_for_one()
+        progress.counted(num_read)  # read to its end, the input's total is known, counted or not
         while open_shards:
             await wait_for_one()
     except BaseException:

@@ -3,15 +3,19 @@ input order whatever order the engine finishes chunks in, the engine's queue is 
 model failure midway stops the job with its finished shards kept for a rerun (exit status 1)."""
 
 import asyncio
+import gzip
 import json
+import logging
+import os
 import random
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from api.bulk import cli, job, job_model
+from api.bulk import cli, job, job_model, progress
 from api.bulk.config import JobConfig
 from api.bulk.output import MANIFEST, read_output, shard_file
 from api.cli import build_parsers
@@ -117,6 +121,63 @@ def test_progress_moves_a_chunk_at_a_time(corpus, tmp_path, monkeypatch):
     config = JobConfig(str(corpus), str(tmp_path / "out"), shard_rows=NUM_ROWS, device="cpu")
     result = run_with(monkeypatch, StandInEngine(), config)
     assert calls == [100] * 50 and result.rows == NUM_ROWS
+
+
+def write_input(corpus, folder, name):
+    """The corpus as `name` (its suffix the format; "pipe": CSV through a FIFO) -> (path, format given)."""
+    table, path = pq.read_table(corpus), folder / name
+    texts = table.column("text").to_pylist()
+    if name.endswith(".parquet"):
+        pq.write_table(table, path)
+    elif name.endswith(".jsonl"):
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    else:
+        csv = ("text\n" + "".join(f"{text}\n" for text in texts)).encode()
+        if name != "pipe":
+            path.write_bytes(gzip.compress(csv) if name.endswith(".gz") else csv)
+            return path, None
+        os.mkfifo(path)
+        threading.Thread(target=lambda: path.write_bytes(csv), daemon=True).start()
+        return path, "csv"
+    return path, None
+
+
+@pytest.mark.parametrize("name", ["in.parquet", "in.jsonl", "in.csv", "in.csv.gz", "pipe"])
+def test_every_input_shows_a_total_rows_per_s_and_an_eta_but_a_stream_says_it_has_none(
+    corpus, tmp_path, monkeypatch, caplog, name
+):
+    """A file's total is counted beside the job (its engine here waits for the count, so that the first
+    line has it); a stream's is known only once read to its end: until then its lines say so."""
+    counts = []
+    counted = job.JobProgress.counted
+
+    def record(self, total_rows):
+        counts.append(total_rows)
+        counted(self, total_rows)
+
+    class AfterTheCount(StandInEngine):
+        async def run(self, sequences, token_type_ids=None):
+            while name != "pipe" and not counts:
+                await asyncio.sleep(0.001)
+            return await super().run(sequences, token_type_ids)
+
+    monkeypatch.setattr(job.JobProgress, "counted", record)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)  # a line a chunk
+    monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
+    path, given_format = write_input(corpus, tmp_path, name)
+    output = str(tmp_path / "out")
+    config = JobConfig(str(path), output, input_format=given_format, shard_rows=700, device="cpu")
+    with caplog.at_level(logging.INFO, logger="api.bulk.job"):
+        assert run_with(monkeypatch, AfterTheCount(), config).rows == NUM_ROWS
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("embedded")]
+    assert all("rows/s, " in line and "tokens/s" in line for line in lines)
+    if name == "pipe":
+        assert lines[0].startswith("embedded 100 rows (a stream: no total, no ETA), ")
+        assert not any("left" in line for line in lines if "a stream" in line)
+    else:
+        assert lines[0].startswith("embedded 100 of 5,000 rows, ") and lines[0].endswith(" left")
+    assert NUM_ROWS in counts  # the count's, or the end of the input's
+    assert lines[-1].startswith("embedded 5,000 of 5,000 rows, ") and "left" not in lines[-1]
 
 
 def test_a_bge_m3_job_writes_its_dense_vectors(minilm_path, tmp_path):
