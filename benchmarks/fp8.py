@@ -85,7 +85,7 @@ def engines(folder: Path, device: str, smoke: bool, backend: str):
     """(bf16 engine, fp8 engine) of one checkpoint (float32 under smoke)."""
     from engine.build import build_engine
     from engine.config import EngineConfig
-    from engine.layers.fp8 import fp8_layers
+    from engine.layers.fp8 import Fp8Linear
     from engine.layers.fp8_choice import shape_of
     from engine.resolve import resolve_model
 
@@ -98,7 +98,11 @@ def engines(folder: Path, device: str, smoke: bool, backend: str):
             cuda_graphs="off" if smoke else "lazy", quantization=quantization,
         )  # fmt: skip
         built.append(build_engine(spec, config))
-    chosen = {shape_of(layer): layer.min_rows for layer in fp8_layers(built[-1].runner.model)}
+    chosen = {
+        f"{name.rsplit('.', 1)[-1]} {shape_of(layer)}": layer.min_rows
+        for name, layer in built[-1].runner.model.named_modules()
+        if isinstance(layer, Fp8Linear)
+    }
     print(f"{folder.name}: fp8 from rows {chosen or 'nowhere: the model dtype throughout'}")
     return spec, built
 

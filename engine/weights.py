@@ -78,26 +78,30 @@ def load_model(
         if count == 0:
             raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
         settle_fp8_rows(spec, backbone, torch.device(device), fp8_min_rows, max_rows)
-        backbone.fuse_fp8_inputs()
     return model.eval().requires_grad_(False)
 
 
 def settle_fp8_rows(
     spec: ModelSpec, backbone: nn.Module, device: torch.device, min_rows: int | None, max_rows: int
 ) -> None:
-    """Set the rows from which each FP8 projection runs in FP8 (load_model's `fp8_min_rows`); where none
-    pays at any size, the projections go back to the model dtype."""
+    """Set the rows from which each FP8 projection runs in FP8 (load_model's `fp8_min_rows`), and its
+    producers' FP8 outputs to match; where none pays at any size, the projections go back to the model
+    dtype."""
+    layers = fp8_layers(backbone)
     if min_rows is not None or device.type != "cuda":
-        for layer in fp8_layers(backbone):
+        for layer in layers:
             layer.min_rows = min_rows or 0
+        backbone.fuse_fp8_inputs()
         logger.info(
             "%s: %d projections run in FP8 (weights per channel, inputs per token) from %d rows",
-            spec.name, len(fp8_layers(backbone)), min_rows or 0,
+            spec.name, len(layers), min_rows or 0,
         )  # fmt: skip
         return
     chosen = choose_fp8_rows(backbone, max_rows)
-    if all(rows == NEVER for rows in chosen.values()):
+    backbone.fuse_fp8_inputs()  # (which may hold a projection to its producer's rows)
+    if all(layer.min_rows == NEVER for layer in layers):
         unquantize_linears(backbone)
+        backbone.fuse_fp8_inputs()
         logger.warning(
             "%s: --quantization fp8 is faster at no batch size up to %d tokens on this GPU (measured for "
             "%s): the model runs in its dtype", spec.name, max_rows, ", ".join(chosen),
@@ -105,7 +109,7 @@ def settle_fp8_rows(
         return
     logger.info(
         "%s: %d projections run in FP8 (weights per channel, inputs per token) where it is faster, as "
-        "measured: %s", spec.name, len(fp8_layers(backbone)),
+        "measured: %s", spec.name, len(layers),
         "; ".join(f"{shape} from {rows:.0f} rows" for shape, rows in chosen.items()),
     )  # fmt: skip
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from engine.layers.fp8 import NEVER, Fp8Linear
+from engine.layers.fp8 import NEVER, Fp8Linear, quantize_rows
 
 MIN_ROWS = 16  # the least size measured
 REPEATS = 10  # timed runs of each size and kind, back to back
@@ -25,24 +25,29 @@ QUEUE_AHEAD_CYCLES = 4_000_000
 Timing = tuple[int, float, float]
 
 
-def choose_fp8_rows(module: nn.Module, max_rows: int) -> dict[str, float]:
-    """Set each Fp8Linear's min_rows under `module` by measuring its shape on its device, once a shape
-    (its in and out sizes, activation and bias); returns min_rows by shape ("768x3072 gelu": 2048.0)."""
+def choose_fp8_rows(backbone: nn.Module, max_rows: int) -> dict[str, float]:
+    """Set each Fp8Linear's min_rows under `backbone` by measuring its shape on its device, once a shape
+    (its sizes, activation, bias, and whether a producer writes its input in FP8: the backbone's
+    `fp8_fed`, whose FP8 path is the GEMM alone); returns min_rows by shape ("768x3072 gelu": 2048.0)."""
     chosen: dict[str, float] = {}
     sizes = row_sizes(max_rows)
-    for layer in module.modules():
-        if not isinstance(layer, Fp8Linear):
-            continue
-        shape = shape_of(layer)
-        if shape not in chosen:
-            chosen[shape] = pays_from(measure(layer, sizes))
-        layer.min_rows = chosen[shape]
+    fed_names = getattr(backbone, "fp8_fed", ())
+    for parent in backbone.modules():
+        for name, layer in parent.named_children():
+            if not isinstance(layer, Fp8Linear):
+                continue
+            fed = name in fed_names
+            shape = shape_of(layer, fed)
+            if shape not in chosen:
+                chosen[shape] = pays_from(measure(layer, sizes, fed))
+            layer.min_rows = chosen[shape]
     return chosen
 
 
-def shape_of(layer: Fp8Linear) -> str:
+def shape_of(layer: Fp8Linear, fed: bool = False) -> str:
     activation = f" {layer.activation}" if layer.activation else ""
-    return f"{layer.in_features}x{layer.out_features}{activation}{'' if layer.bias is None else ' +bias'}"
+    extras = f"{'' if layer.bias is None else ' +bias'}{' fed fp8' if fed else ''}"
+    return f"{layer.in_features}x{layer.out_features}{activation}{extras}"
 
 
 def row_sizes(max_rows: int) -> list[int]:
@@ -65,8 +70,9 @@ def pays_from(timings: Sequence[Timing]) -> float:
     return start
 
 
-def measure(layer: Fp8Linear, sizes: Sequence[int]) -> list[Timing]:
-    """(rows, the model dtype's seconds, FP8's seconds) of the layer at each size, on its device."""
+def measure(layer: Fp8Linear, sizes: Sequence[int], fed: bool = False) -> list[Timing]:
+    """(rows, the model dtype's seconds, FP8's seconds) of the layer at each size, on its device; `fed`:
+    its FP8 input comes quantized (by its producer, whose pass runs in either dtype)."""
     weight = layer.linear.weight
     saved = layer.min_rows, layer.quantize_output_from
     layer.min_rows, layer.quantize_output_from = 0, NEVER  # the FP8 path, its activation unfused
@@ -74,7 +80,9 @@ def measure(layer: Fp8Linear, sizes: Sequence[int]) -> list[Timing]:
         timings = []
         for rows in sizes:
             x = torch.randn(rows, layer.in_features, device=weight.device, dtype=weight.dtype)
-            timings.append((rows, gpu_seconds(layer.linear, x), gpu_seconds(layer, x)))
+            quantized = quantize_rows(x) if fed else None
+            fp8 = gpu_seconds(lambda x: layer(quantized if quantized is not None else x), x)
+            timings.append((rows, gpu_seconds(layer.linear, x), fp8))
         return timings
     finally:
         layer.min_rows, layer.quantize_output_from = saved

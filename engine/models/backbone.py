@@ -75,6 +75,9 @@ class Backbone(nn.Module):
     pretraining_heads: tuple[str, ...] = ()
     # the attribute names of the layers' projections that --quantization fp8 runs in FP8
     fp8_linears: tuple[str, ...] = ()
+    # those of them whose input another kernel writes in FP8 in its own pass (fuse_fp8_inputs): their FP8
+    # path costs the GEMM alone (engine/layers/fp8_choice.py)
+    fp8_fed: tuple[str, ...] = ()
     # the checkpoint name of the token embedding table, which a tied LM head shares
     token_embeddings: ClassVar[str] = ""
     hidden_size: int

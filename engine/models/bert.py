@@ -243,6 +243,7 @@ class BertBackbone(Backbone):
 
     checkpoint_prefixes = ("bert.", "roberta.", "distilbert.", "mpnet.")
     fp8_linears = ("qkv", "attention_out", "up", "down")
+    fp8_fed = ("up", "down")
     ignored_weights = ("embeddings.position_ids", "embeddings.token_type_ids")
     token_embeddings = "embeddings.word_embeddings.weight"
 
@@ -264,6 +265,8 @@ class BertBackbone(Backbone):
         for layer in self.layers:
             layer.attention_norm.quantize_from = fp8_rows_from(layer.up)
             if isinstance(layer.up, Fp8Linear):
+                if isinstance(layer.down, Fp8Linear):  # fed FP8 (fp8_fed) only by an FP8 up projection
+                    layer.down.min_rows = max(layer.down.min_rows, layer.up.min_rows)
                 layer.up.quantize_output_from = fp8_rows_from(layer.down)
 
     @classmethod

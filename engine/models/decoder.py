@@ -285,6 +285,7 @@ class DecoderBackbone(Backbone):
     # emulated against float32: QKV alone to a min cosine of 0.993, the output projection 0.995, gate/up
     # 0.998, down 0.999; all four 0.988, the MLP's two 0.997), and the MLP holds most of the GEMM work
     fp8_linears = ("gate_up", "down")
+    fp8_fed = ("qkv", "gate_up", "down")
     pretraining_heads = ("lm_head.",)
     token_embeddings = "embed_tokens.weight"
 

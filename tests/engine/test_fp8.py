@@ -143,6 +143,12 @@ def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_
     for layer in bert.backbone.layers:  # on the CPU at every size
         assert layer.attention_norm.quantize_from == 0 and layer.up.quantize_output_from == 0
         assert layer.mlp_norm.quantize_from == NEVER
+    for layer in bert.backbone.layers:  # as measured on a GPU: the up projection from 64 rows, down from 16
+        layer.up.min_rows, layer.down.min_rows = 64, 16
+    bert.backbone.fuse_fp8_inputs()
+    for layer in bert.backbone.layers:  # down's input comes in FP8 from an FP8 up projection only
+        assert layer.down.min_rows == 64 and layer.up.quantize_output_from == 64
+        assert layer.attention_norm.quantize_from == 64
     save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="lasttoken")
     spec = resolve_model(str(tmp_path))
     fp8_model = load_model(spec, "cpu", torch.float32, backend, "fp8")
