@@ -46,6 +46,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--shapes", default=None, help="comma-separated shapes of the families suite (default: all of them)"
     )
     parser.add_argument(
+        "--parts",
+        default=None,
+        help="comma-separated parts of the online suite (default, hop, overload, infinity; default: all)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny shapes on the CPU in seconds: checks the code, measures nothing",

@@ -32,6 +32,7 @@ SERVED_NAME = "bench"
 MIN_COSINE = 0.999  # bf16 against the fp32 reference
 NUM_SPECIAL_TOKENS = 2
 HOP_ROUNDS = 4
+PARTS = ("default", "hop", "overload", "infinity")  # --parts
 IDLE_BETWEEN_S = 0.001  # about the pause between a batch-1 client's requests, on the engine's side
 
 
@@ -66,7 +67,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from benchmarks.baseline import Baseline
     from benchmarks.checkpoints import save_bert
-    from benchmarks.live_server import serve, served_info
+    from benchmarks.live_server import serve
 
     plan = SMOKE if getattr(options, "smoke", False) else FULL
     rng = random.Random(0)
@@ -101,14 +102,59 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     one_bodies, many_bodies = [body(one)], [body(texts) for texts in many]
     posy: dict[str, float] = {}
 
-    # the default layout for this host
+    parts = set(PARTS if getattr(options, "parts", None) is None else options.parts.split(","))
+    if parts - set(PARTS):
+        raise ValueError(f"the online suite's parts are {', '.join(PARTS)}")
+    saturation = None
+    if "default" in parts:
+        saturation, context = default_layout(
+            checkpoint, plan, flags, baseline, one_bodies, many_bodies, many[0], engine_one_ms,
+            engine_rate, context, gpu, options, records, failures, posy,
+        )  # fmt: skip
+    if "hop" in parts:
+        records += replica_hop(checkpoint, plan, flags, one_bodies, engine_one_ms, context)
+    if "overload" in parts:
+        if saturation is None:
+            raise ValueError("the online suite's overload part needs its default part's saturation")
+        # open loop at a multiple of the measured saturation, a short timeout
+        timeout = str(int(plan.overload_timeout_s))
+        with serve(checkpoint.folder, *flags, "--request-timeout", timeout) as url:
+            records += overload(url, many_bodies, saturation, plan, context)
+    if "infinity" in parts:
+        failures += infinity_cases(
+            checkpoint.folder, plan, one_bodies, many_bodies, baseline, many[0], posy, context, records
+        )
+    return SuiteOutcome(records, failures)
+
+
+def default_layout(
+    checkpoint,
+    plan,
+    flags,
+    baseline,
+    one_bodies,
+    many_bodies,
+    texts,
+    engine_one_ms,
+    engine_rate,
+    context,
+    gpu,
+    options,
+    records,
+    failures,
+    posy,
+):
+    """The default layout for this host: parity, batch 1 (raw and httpx), the concurrency levels and the
+    throughput case; (the throughput case's requests/s, the context of the served backend)."""
+    from benchmarks.live_server import serve, served_info
+
     with serve(checkpoint.folder, *flags) as url:
         layout = (
             f"{served_info(url, 'gateways')} gateways, engine process {served_info(url, 'engine_process')}"
         )
         print(f"posy default layout: {layout}")
         context = RunContext(options.suite, context.model, gpu, served_info(url, "attention_backend"))
-        failures += parity(url, baseline, many[0], "posy")
+        failures += parity(url, baseline, texts, "posy")
         b1 = run_clients(url, [one_bodies], duration_s=plan.window_s, warmup_s=plan.warmup_s)
         records += case_records(context, "b1-raw", b1, engine_one_ms)
         posy["b1_p50_ms"] = b1.latency_ms(50)
@@ -125,11 +171,17 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         records += case_records(context, many_case, throughput, tokens_baseline=engine_rate)
         posy["many_tokens_per_s"] = throughput.tokens_per_s
         saturation = throughput.requests_per_s
+    return saturation, context
 
-    # the engine in a replica process beside one gateway, and inside it: the replica hop's cost. Both
-    # servers run at once and take turns, HOP_ROUNDS windows each: the hop is the median of the rounds'
-    # differences (two servers measured one after the other differed by up to 0.18 ms, the processes
-    # landing on other cores of the host)
+
+def replica_hop(checkpoint, plan, flags, one_bodies, engine_one_ms, context) -> list:
+    """The engine in a replica process beside one gateway, and inside it: the replica hop's cost. Both
+    servers run at once and take turns, HOP_ROUNDS windows each: the hop is the median of the rounds'
+    differences (two servers measured one after the other differed by up to 0.18 ms, the processes
+    landing on other cores of the host)."""
+    from benchmarks.live_server import serve
+
+    records = []
     layouts = {"replica": "on", "in-process": "off"}
     rounds: dict[str, list] = {name: [] for name in layouts}
     with contextlib.ExitStack() as servers:
@@ -157,16 +209,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         f"replica hop: {hop:.3f} ms (b1 p50 {hops['replica']:.3f} with the engine in its own process, "
         f"{hops['in-process']:.3f} in process)"
     )
-
-    # overload: open loop at a multiple of the measured saturation, a short timeout
-    timeout = str(int(plan.overload_timeout_s))
-    with serve(checkpoint.folder, *flags, "--request-timeout", timeout) as url:
-        records += overload(url, many_bodies, saturation, plan, context)
-
-    failures += infinity_cases(
-        checkpoint.folder, plan, one_bodies, many_bodies, baseline, many[0], posy, context, records
-    )
-    return SuiteOutcome(records, failures)
+    return records
 
 
 def engine_figures(
