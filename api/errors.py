@@ -40,13 +40,29 @@ class InvalidInput(ApiError):
 
 
 class InputTooLong(InvalidInput):
-    def __init__(
-        self, index: int, num_tokens: int, max_tokens: int, param: str = "input", at_least: bool = False
-    ):
-        """`at_least`: `num_tokens` were counted in the input's start only (api/tokenize.py)."""
-        count = f"more than {num_tokens}" if at_least else f"{num_tokens}"
-        self.figures = f"input {index} has {count} tokens, more than the model's maximum of {max_tokens}"
+    """`figures`: how long the input is, against which limit (of_tokens, of_characters)."""
+
+    def __init__(self, figures: str, param: str = "input"):
+        self.figures = figures
         super().__init__(self.message_for(ApiShape.OPENAI), param)
+
+    @classmethod
+    def of_tokens(cls, index: int, num_tokens: int, max_tokens: int, param: str = "input") -> InputTooLong:
+        return cls(
+            f"input {index} has {num_tokens} tokens, more than the model's maximum of {max_tokens}",
+            param,
+        )
+
+    @classmethod
+    def of_characters(
+        cls, index: int, num_chars: int, max_chars: int, max_tokens: int, param: str = "input"
+    ) -> InputTooLong:
+        """Refused untokenized: longer than `max_tokens` tokens can span (api/char_bound.py)."""
+        return cls(
+            f"input {index} has {num_chars} characters, more than the {max_chars} that the model's "
+            f"maximum of {max_tokens} tokens reads",
+            param,
+        )
 
     def message_for(self, shape: ApiShape) -> str:
         return f"{self.figures}; shorten it or ask for truncation ({TRUNCATION_FIELDS[shape]})"

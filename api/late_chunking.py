@@ -23,13 +23,14 @@ async def late_chunked_vectors(
     room = max_tokens - len(head) - len(tail)
     if room < 1:
         raise InvalidInput(f"a token limit of {max_tokens} leaves no room beside the prompt", "input")
-    chunks = await guard.tokenized(encoder.content_ids_off_loop(texts, guard))
+    texts = encoder.bounded(texts, room, truncate)
+    chunks = await guard.tokenized(encoder.content_ids_off_loop(texts, guard, room))
     for index, ids in enumerate(chunks):
         if not ids:
             raise InvalidInput(f"input {index} has no tokens to pool", "input")
         if len(ids) > room:
             if not truncate:
-                raise InputTooLong(index, len(head) + len(ids) + len(tail), max_tokens)
+                raise InputTooLong.of_tokens(index, len(head) + len(ids) + len(tail), max_tokens)
             chunks[index] = ids[:room]
     sequences, spans, kept = [], [], []  # kept: each pass's rows that are chunks'
     for group in passes([len(ids) for ids in chunks], room):

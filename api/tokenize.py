@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tokenizers import Tokenizer
 
+from api.char_bound import CharBound
 from api.errors import InputTooLong, InvalidInput
 from api.tokenizer_pool import TokenizeAdmission, TokenizerPool
 from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
@@ -24,11 +25,6 @@ INLINE_TOKENIZE_CHARS = 20_000
 # even one text is handed to a pool thread and back (95 against 61 us a 126-word text on the H200's
 # host), and an idle pool's threads spin on cores the engine and the other gateways need
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
-# a token rarely spans more characters than this (a text averages 4 to 5): a text longer than the token
-# limit times this many characters is first tokenized in part (its start, or its end when truncating on
-# the left), which decides nearly every over-long input without reading it whole (eight 7 MB texts took
-# 24.5 s to refuse, tokenized in full)
-MAX_CHARS_PER_TOKEN = 64
 # timed once at start-up as the threads' first observation, so that admission counts tokenization from the
 # first request on (real parts soon outweigh it): about INLINE_TOKENIZE_CHARS of plain prose
 RATE_SAMPLE = " ".join(
@@ -43,7 +39,8 @@ class TextEncoder:
     """`num_threads`: the threads a large input is split over; each request's slices queue behind the
     ones before, so several large requests at once never take more than these threads. A large input's
     tokenization is admitted first (TokenizeAdmission): on the threads' measured rate and what is queued
-    on them, one that would not finish in time is refused before it waits."""
+    on them, one that would not finish in time is refused before it waits. No text is tokenized past the
+    characters its token limit can span (`bound`): it is cut first, or refused untokenized."""
 
     def __init__(
         self,
@@ -59,6 +56,7 @@ class TextEncoder:
         self.tokenizer.no_padding()
         self.window = window
         self.vocab_size = vocab_size
+        self.bound = CharBound.of(self.tokenizer)
         self.pool = TokenizerPool(num_threads)
         self.single = SingleTemplate.from_tokenizer(self.tokenizer)
         # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template
@@ -88,7 +86,9 @@ class TextEncoder:
         admission: TokenizeAdmission | None = None,
     ) -> list[list[int]]:
         """encode(), on the encoder's threads when the texts are long enough to hold up the event loop,
-        once `admission` (a request's guard) has admitted their tokenization."""
+        once `admission` (a request's guard) has admitted their tokenization (of the texts as bounded)."""
+        room = self._room(max_tokens)
+        texts = self.bounded(texts, room, truncate, keep_end)
         num_chars = sum(map(len, texts))
         if num_chars > INLINE_TOKENIZE_CHARS:
             return await self._split(
@@ -96,16 +96,22 @@ class TextEncoder:
                 texts,
                 num_chars,
                 admission,
+                room + self.single.num_special_tokens,
             )
         return self.encode(texts, max_tokens, truncate, keep_end)
 
     async def content_ids_off_loop(
-        self, texts: Sequence[str], admission: TokenizeAdmission | None = None
+        self,
+        texts: Sequence[str],
+        admission: TokenizeAdmission | None = None,
+        max_tokens: int | None = None,
     ) -> list[list[int]]:
-        """content_ids(), likewise."""
+        """content_ids(), likewise; `max_tokens`: the most tokens of a text that the engine will run."""
         num_chars = sum(map(len, texts))
         if num_chars > INLINE_TOKENIZE_CHARS:
-            return await self._split(lambda part, first: self.content_ids(part), texts, num_chars, admission)
+            return await self._split(
+                lambda part, first: self.content_ids(part), texts, num_chars, admission, max_tokens
+            )
         return self.content_ids(texts)
 
     async def _split(
@@ -114,15 +120,20 @@ class TextEncoder:
         texts: Sequence[str],
         num_chars: int,
         admission: TokenizeAdmission | None,
+        max_tokens: int | None,
     ) -> list[T]:
         """`work(part, index of its first text)` on the pool's consecutive parts at once, joined in order;
-        the error of the earliest part that failed is raised, as one pass would raise it."""
+        the error of the earliest part that failed is raised, as one pass would raise it. Admission guesses
+        a text's tokens from its characters, at most `max_tokens` of them (a text cut to CharBound's
+        characters may hold far more of those a token than the average)."""
         start_by = None
         if admission is not None:
+            guess = [len(text) * self.tokens_per_char for text in texts]
+            num_tokens = sum(guess if max_tokens is None else (min(one, max_tokens) for one in guess))
             start_by = admission.admit_tokenization(
                 self.pool.seconds_for(num_chars),
                 self.pool.seconds_for(num_chars, behind_queued=False),
-                round(num_chars * self.tokens_per_char),
+                round(num_tokens),
             )
         parts = await self.pool.map(work, texts, start_by)
         joined: list[T] = []
@@ -148,40 +159,48 @@ class TextEncoder:
     ) -> list[list[int]]:
         """Texts -> model inputs with special tokens; longer than `max_tokens` (the window when None)
         is an InputTooLong unless `truncate`, which keeps the start (or with `keep_end` the end) of the
-        text and the special tokens. Errors name a text by `first_index` + its place in `texts`."""
-        limit = max_tokens or self.window
-        room = limit - self.single.num_special_tokens
-        if room < 1:
-            raise InvalidInput(f"a token limit of {limit} leaves no room for text", "truncate_prompt_tokens")
+        text and the special tokens. Errors name a text by `first_index` + its place in `texts`; one past
+        the characters of its limit is refused (bounded) before any is tokenized."""
+        room = self._room(max_tokens)
+        limit = room + self.single.num_special_tokens
         sequences = []
-        for index, (ids, whole) in enumerate(self._bounded_content_ids(texts, room, keep_end), first_index):
+        bounded = self.bounded(texts, room, truncate, keep_end, first_index)
+        for index, ids in enumerate(self.content_ids(bounded), first_index):
             if len(ids) > room:
                 if not truncate:
-                    raise InputTooLong(
-                        index, len(ids) + self.single.num_special_tokens, limit, at_least=not whole
-                    )
+                    raise InputTooLong.of_tokens(index, len(ids) + self.single.num_special_tokens, limit)
                 ids = ids[len(ids) - room :] if keep_end else ids[:room]
             sequences.append(self.single.apply(ids))
         return sequences
 
-    def _bounded_content_ids(
-        self, texts: Sequence[str], room: int, keep_end: bool
-    ) -> list[tuple[list[int], bool]]:
-        """Each text's content ids and whether they are the whole text's: a text past room x
-        MAX_CHARS_PER_TOKEN characters is tokenized in part first (its start, or its end with `keep_end`,
-        cut at a space); where that part alone has more than room tokens (one more, as a margin at the
-        cut), its ids decide."""
-        budget = char_budget(room)
-        long = [index for index, text in enumerate(texts) if len(text) > budget]
-        if not long:
-            return [(ids, True) for ids in self.content_ids(texts)]
-        parts = self.content_ids([cut_at_a_space(texts[index], budget, keep_end) for index in long])
-        decided = {
-            index: ids[1:] if keep_end else ids[:-1] for index, ids in zip(long, parts) if len(ids) > room + 1
-        }
-        rest = [index for index in range(len(texts)) if index not in decided]
-        whole = dict(zip(rest, self.content_ids([texts[index] for index in rest]))) if rest else {}
-        return [(decided[i], False) if i in decided else (whole[i], True) for i in range(len(texts))]
+    def bounded(
+        self,
+        texts: Sequence[str],
+        num_tokens: int,
+        truncate: bool = True,
+        keep_end: bool = False,
+        first_index: int = 0,
+    ) -> Sequence[str]:
+        """The texts cut to the characters that `num_tokens` content tokens span (CharBound.cut: their
+        first, or with `keep_end` last, num_tokens tokens are the whole text's); without `truncate`, a
+        longer text is an InputTooLong, untokenized."""
+        max_chars = self.bound.max_chars(num_tokens)
+        if truncate:
+            return [self.bound.cut(text, num_tokens, keep_end) for text in texts]
+        for index, text in enumerate(texts, first_index):
+            if len(text) > max_chars:
+                limit = num_tokens + self.single.num_special_tokens
+                raise InputTooLong.of_characters(index, len(text), max_chars, limit)
+        return texts
+
+    def _room(self, max_tokens: int | None) -> int:
+        """Content tokens that a limit of `max_tokens` (the window when None) leaves beside the special
+        tokens."""
+        limit = max_tokens or self.window
+        room = limit - self.single.num_special_tokens
+        if room < 1:
+            raise InvalidInput(f"a token limit of {limit} leaves no room for text", "truncate_prompt_tokens")
+        return room
 
     def check_token_ids(
         self, sequences: Sequence[Sequence[int]], max_tokens: int | None, truncate: bool
@@ -198,32 +217,7 @@ class TextEncoder:
                 )
             if len(ids) > limit:
                 if not truncate:
-                    raise InputTooLong(index, len(ids), limit)
+                    raise InputTooLong.of_tokens(index, len(ids), limit)
                 ids = ids[:limit]
             checked.append(ids)
         return checked
-
-
-def char_budget(tokens: int) -> int:
-    """The characters that hold at least `tokens` tokens and one to spare at a cut (at MAX_CHARS_PER_TOKEN
-    a token)."""
-    return (tokens + 2) * MAX_CHARS_PER_TOKEN
-
-
-def cut_to_tokens(text: str, tokens: int) -> str:
-    """The text, or where it is longer than char_budget(tokens) its start cut at a space: its first
-    `tokens` tokens are the whole text's."""
-    budget = char_budget(tokens)
-    return cut_at_a_space(text, budget, keep_end=False) if len(text) > budget else text
-
-
-def cut_at_a_space(text: str, budget: int, keep_end: bool) -> str:
-    """The text's first `budget` characters (last, with `keep_end`), less a word the cut would split:
-    cut at the space nearest the budget within its last 256 characters, where there is one."""
-    if keep_end:
-        part = text[-budget:]
-        space = part.find(" ", 0, 256)
-        return part[space + 1 :] if space >= 0 else part
-    part = text[:budget]
-    space = part.rfind(" ", max(0, budget - 256))
-    return part[:space] if space > 0 else part

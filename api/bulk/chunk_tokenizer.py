@@ -50,7 +50,8 @@ class Tokenization:
             return encoder.encode(prompted, self.window, True)
         late = LateInteraction(self.colbert, encoder.single)
         layout = late.query_ids if self.is_query else late.document_ids
-        return [layout(ids) for ids in encoder.content_ids(prompted)]
+        bounded = encoder.bounded(prompted, late.content_room(self.is_query))
+        return [layout(ids) for ids in encoder.content_ids(bounded)]
 
 
 class ChunkTokenizer(Protocol):

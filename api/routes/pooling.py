@@ -98,7 +98,8 @@ async def _token_ids(
 ) -> list[list[int]]:
     encoder, late = model.encoder, model.late_interaction
     if late is not None:  # cut to the model's query or document length, as its own encode does
-        content = await encoder.content_ids_off_loop(texts, guard)
+        room = late.content_room(is_query)
+        content = await encoder.content_ids_off_loop(encoder.bounded(texts, room), guard, room)
         return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
     spec = model.spec
     prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)

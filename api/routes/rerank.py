@@ -28,8 +28,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
-from api.tokenize import cut_to_tokens
-from scoring.listwise import listwise_scores
+from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
 # lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
@@ -87,27 +86,32 @@ async def _rerank(
 async def score_texts(
     model: ServedModel, query: str, texts: list[str], options: RerankOptions, guard: RequestGuard
 ) -> np.ndarray:
-    """The documents' scores; the model's engine is reached through the request's guard. Texts far longer
-    than what rerank reads of them are cut before they are tokenized (bounded_texts)."""
-    query, texts = bounded_texts(query, texts, options, model.spec.max_seq_length)
+    """The documents' scores; the model's engine is reached through the request's guard. The query and
+    documents are cut to the characters of what rerank reads of them (read_tokens) before they are
+    tokenized: their first tokens are the whole text's, and a 7 MB document costs no 7 MB of
+    tokenization."""
+    query_tokens, document_tokens = read_tokens(model, options)
+    bound, most = model.encoder.bound, max(query_tokens, document_tokens)
+    query, texts = bound.cut(query, query_tokens), [bound.cut(text, document_tokens) for text in texts]
     if model.listwise is not None:
-        tokenize = functools.partial(model.encoder.content_ids_off_loop, admission=guard)
+        tokenize = functools.partial(model.encoder.content_ids_off_loop, admission=guard, max_tokens=most)
         listwise = dataclasses.replace(model.listwise, engine=guard, tokenize=tokenize)
         return await listwise_scores(listwise, query, texts, options)
     encoder = model.encoder
     rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)
-    ids = await guard.tokenized(encoder.content_ids_off_loop(prompted, guard))
+    ids = await guard.tokenized(encoder.content_ids_off_loop(prompted, guard, most))
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
 
 
-def bounded_texts(query: str, texts: list[str], options: RerankOptions, window: int) -> tuple[str, list[str]]:
-    """The query and documents cut (at a space) to what rerank can read of them at MAX_CHARS_PER_TOKEN
-    characters a token: a query to the window, a document to max_tokens_per_doc or its max_chunks_per_doc
-    windows. Their first tokens are those of the whole text, and a 7 MB document costs no 7 MB of
-    tokenization (issue 30's over-long inputs)."""
+def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:
+    """The tokens rerank reads of a query (the window) and of a document (max_tokens_per_doc, or its
+    max_chunks_per_doc windows); a listwise ranker's own limits."""
+    window = model.spec.max_seq_length
     document_tokens = options.max_tokens_per_doc or (options.max_chunks_per_doc or 1) * window
-    return cut_to_tokens(query, window), [cut_to_tokens(text, document_tokens) for text in texts]
+    if model.listwise is not None:
+        return MAX_QUERY_TOKENS, min(document_tokens, MAX_DOCUMENT_TOKENS)
+    return window, document_tokens
 
 
 def ranking(scores: np.ndarray, top_n: int | None) -> list[int]:

@@ -157,6 +157,14 @@ async def tokenize_tei(request: Request, server: NamedDependency[Server]) -> lis
     spec = model.spec
     prompt = select_prompt(spec.prompts, None, data.prompt_name, None) if data.prompt_name else ""
     texts = [prompt + text for text in texts]
+    max_chars = model.encoder.bound.max_chars(spec.max_seq_length)
+    for index, text in enumerate(texts):  # as TEI refuses them: past what the window's tokens can span
+        if len(text) > max_chars:
+            raise InvalidInput(
+                f"inputs[{index}] has {len(text)} characters, more than the {max_chars} that the model's "
+                f"window of {spec.max_seq_length} tokens reads",
+                "inputs",
+            )
     encodings = model.encoder.tokenizer.encode_batch(texts, add_special_tokens=data.add_special_tokens)
     return [
         [

@@ -3,6 +3,7 @@ inputs as the in-process thread (prompt, truncation to the window, special token
 packs; a worker that dies is a TokenizerFailed; a negative process count is refused."""
 
 import asyncio
+import dataclasses
 import os
 
 import numpy as np
@@ -10,7 +11,10 @@ import pytest
 
 from api.bulk.chunk_tokenizer import Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.errors import TokenizerFailed
+from engine.colbert import ColbertConfig
 from engine.resolve import resolve_model
+from scoring.late_interaction import LateInteraction
+from tests.api.test_char_bound import recorded
 
 WINDOW = 16
 TEXTS = ["a short text", "", "one " * 40, "ünïcödé and emoji 🙂 text", "a short text"]
@@ -60,3 +64,20 @@ def test_a_tokenizer_process_that_dies_fails_the_chunk_with_tokenizer_failed(tok
             encode_with(tokenizer, TEXTS)
     finally:
         tokenizer.close()
+
+
+def test_a_7m_character_word_is_cut_before_it_is_tokenized(tokenization):
+    """posy embed's texts are bounded as the server's (api/char_bound.py): the tokenizer reads what the
+    window can span, and the ids are the whole text's truncated, a ColBERT model's laid out too."""
+    spaceless = "a" * 7_000_000
+    colbert = ColbertConfig(1, 2, 8, WINDOW, 103, False, frozenset(), None)
+    for layout in (tokenization, dataclasses.replace(tokenization, colbert=colbert)):
+        encoder = layout.encoder()
+        seen = recorded(encoder)
+        [ids] = layout.encode(encoder, [spaceless])
+        assert max(seen) <= encoder.bound.max_chars(WINDOW)
+        whole = encoder.tokenizer.encode("query: " + spaceless, add_special_tokens=False).ids
+        if layout.colbert is None:
+            assert ids == encoder.single.apply(whole[: WINDOW - 2])
+        else:
+            assert ids == LateInteraction(colbert, encoder.single).document_ids(whole)

@@ -178,16 +178,13 @@ def test_a_50_mb_body_is_413_and_the_server_keeps_serving(client, route, fifty_m
 
 
 def test_100k_character_inputs(client):
-    long_text = "word " * 20_000
-    # refused on its start's tokens, long before the whole 20,002 are counted
-    response = client.post(OPENAI, json={"input": long_text})
-    assert_error(response, OPENAI, 400, "more than the model's maximum of 256")
-    assert "has more than" in response.json()["error"]["message"]
-    truncated = assert_ok(client.post(OPENAI, json={"input": long_text, "truncate_prompt_tokens": -1}))
-    assert truncated["usage"]["prompt_tokens"] == 256
-    # one 100k-character word is a single [UNK] token for WordPiece
-    one_word = assert_ok(client.post(OPENAI, json={"input": "x" * 100_000}))
-    assert one_word["usage"]["prompt_tokens"] == 3
+    for long_text in ("word " * 20_000, "x" * 100_000):
+        # refused on its characters, untokenized: past the 25,600 that 256 tokens read
+        response = client.post(OPENAI, json={"input": long_text})
+        assert_error(response, OPENAI, 400, "has 100000 characters, more than the 25600 that the model's")
+        truncated = assert_ok(client.post(OPENAI, json={"input": long_text, "truncate_prompt_tokens": -1}))
+        # 20,002 tokens cut to 256; one 100k-character word is a single [UNK] token for WordPiece
+        assert truncated["usage"]["prompt_tokens"] == (256 if " " in long_text else 3)
 
 
 @pytest.mark.parametrize("route", [COHERE_V1, COHERE_V2, TEI])
@@ -201,7 +198,7 @@ def test_100k_character_documents_are_chunked_and_queries_are_400(client, route)
 def test_a_7_mb_document_is_read_as_far_as_rerank_reads_it(client, monkeypatch):
     """Cut before tokenization to what rerank reads (v2: max_tokens_per_doc; v1: max_chunks_per_doc
     windows), it scores as a document of its first words does, and no text the tokenizer gets is longer
-    than those tokens at 64 characters each."""
+    than those tokens span (100 characters each for the bundled WordPiece)."""
     from api.tokenize import TextEncoder
 
     longest = []
@@ -219,7 +216,7 @@ def test_a_7_mb_document_is_read_as_far_as_rerank_reads_it(client, monkeypatch):
         )
         scores = {item["index"]: item["relevance_score"] for item in scored["results"]}
         assert scores[0] == pytest.approx(scores[1], abs=1e-6)
-    assert len(huge) > 7_000_000 and max(longest) <= (2 * 256 + 2) * 64
+    assert len(huge) > 7_000_000 and max(longest) <= (2 * 256 + 2) * 100
 
 
 # empty and too many

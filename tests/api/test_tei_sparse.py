@@ -76,6 +76,15 @@ def test_an_over_long_input_is_a_422_naming_truncate(client):
     assert client.get("/health").status_code == 200
 
 
+def test_7m_characters_without_a_space_are_refused_untokenized_or_weigh_as_the_whole_texts_tokens(client):
+    """Cut before tokenization to what the window reads (api/char_bound.py): one [UNK], as the whole text."""
+    refused = client.post("/embed_sparse", json={"inputs": "a" * 7_000_000})
+    assert refused.status_code == 422 and "input 0 has 7000000 characters" in refused.json()["error"]
+    cut = client.post("/embed_sparse", json={"inputs": "a" * 7_000_000, "truncate": True})
+    alike = client.post("/embed_sparse", json={"inputs": "a" * 200})  # one [UNK] too
+    assert cut.status_code == alike.status_code == 200 and cut.json() == alike.json()
+
+
 def test_info_describes_a_splade_model_as_tei_does(client):
     """The first served model (the SPLADE one) is an embedding model pooled by splade, not a reranker."""
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}

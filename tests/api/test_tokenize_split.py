@@ -7,7 +7,7 @@ import random
 import pytest
 
 from api.errors import InputTooLong
-from api.tokenize import INLINE_TOKENIZE_CHARS, MAX_CHARS_PER_TOKEN, TextEncoder
+from api.tokenize import INLINE_TOKENIZE_CHARS, TextEncoder
 from engine.resolve import resolve_model
 
 WORDS = "the cat sat on a mat while stocks fell and rain came down over the quiet harbour".split()
@@ -52,19 +52,20 @@ def test_the_earliest_over_long_text_is_named(spec):
     assert truncated == encoder.encode(large, None, True)
 
 
-def test_a_text_far_past_the_window_is_decided_by_its_start_as_by_the_whole(spec):
-    """A text past window x MAX_CHARS_PER_TOKEN characters is tokenized in part first: it is refused
-    (counting its start's tokens), or truncated to the same ids as the whole text gives, either end."""
+def test_a_text_far_past_the_window_is_cut_or_refused_by_its_characters(spec):
+    """A text past the characters of its window (api/char_bound.py) is refused untokenized, or cut to
+    them, which truncates to the same ids as the whole text gives, either end (tests/api/test_char_bound.py
+    holds the cut to that over other tokenizers and texts)."""
     encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)
     long = " ".join(texts(4000, 60, seed=1))
-    assert len(long) > spec.max_seq_length * MAX_CHARS_PER_TOKEN
-    with pytest.raises(InputTooLong, match="has more than .* tokens"):
+    room = spec.max_seq_length - 2
+    assert len(long) > encoder.bound.max_chars(room)
+    with pytest.raises(InputTooLong, match="^input 1 has [0-9]+ characters, more than the 25600 that"):
         encoder.encode(["short", long], None, truncate=False)
     full = encoder.tokenizer.encode(long, add_special_tokens=False).ids
-    room = spec.max_seq_length - 2
     for keep_end, kept in ((False, full[:room]), (True, full[-room:])):
         [ids] = encoder.encode([long], None, truncate=True, keep_end=keep_end)
         assert ids[1:-1] == kept
-    # one huge word is one [UNK] token: the start decides nothing, and the whole text is read
-    [ids] = encoder.encode(["x" * 50_000], None, truncate=False)
+    # within them, it is tokenized whole: one huge word is one [UNK] token
+    [ids] = encoder.encode(["x" * 20_000], None, truncate=False)
     assert len(ids) == 3
