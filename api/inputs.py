@@ -1,4 +1,5 @@
-"""Normalizes OpenAI's `input` union into texts or token-id lists, checked item by item."""
+"""Normalizes OpenAI's `input` union into texts or token-id lists, checked item by item; the rules every
+route's texts and queries follow (no empty text, no query of whitespace only)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,10 @@ def check_texts(texts: list[str], max_inputs: int, param: str) -> None:
     for index, text in enumerate(texts):
         if not text:
             raise InvalidInput(f"{param}[{index}] is an empty string", param)
+
+
+def check_query(query: str, param: str = "query", index: int | None = None) -> None:
+    """A query (rerank's, a score's first text; `index`: its place in a list) has more than whitespace."""
+    if not query.strip():
+        where = param if index is None else f"{param}[{index}]"
+        raise InvalidInput(f"{where} must not be empty or only whitespace", param)

@@ -16,6 +16,7 @@ from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
+from api.inputs import check_query, check_texts
 from api.models import RERANK, ServedModel
 from api.responses import EncodedJson, documented
 from api.schemas.cohere import (
@@ -62,13 +63,13 @@ async def _rerank(
     request: Request, data: RerankRequest, server: Server, options: RerankOptions, version: str
 ) -> EncodedJson:
     model = server.registry().get(data.model, RERANK)
-    if not data.query.strip():
-        raise InvalidInput("query must not be empty", "query")
+    check_query(data.query)
     check_documents(data.documents, server.config.max_documents)
     top_n = _positive(data.top_n, "top_n")
     texts = [
         document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)
     ]
+    check_texts(texts, server.config.max_documents, "documents")
     guard = RequestGuard(model.engine, request, server.config)
     scores = await score_texts(model, data.query, texts, options, guard)
     results = [

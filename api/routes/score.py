@@ -21,7 +21,7 @@ from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
-from api.inputs import check_texts
+from api.inputs import check_query, check_texts
 from api.models import RERANK
 from api.responses import EncodedJson, documented
 from api.routes.rerank import score_texts
@@ -94,6 +94,8 @@ def _pairs(
         if not texts:
             raise InvalidInput(f"{param} must not be empty", param)
         check_texts(texts, max_pairs, param)
+    for index, first in enumerate(firsts):  # the query side, as rerank's query
+        check_query(first, names[0], None if isinstance(text_1, str) else index)
     if len(firsts) == 1:
         return [(firsts[0], second) for second in seconds]
     if len(firsts) != len(seconds):

@@ -13,7 +13,7 @@ from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, MAX_SPARSE_ROWS_FLOATS
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
-from api.inputs import check_texts
+from api.inputs import check_query, check_texts
 from api.models import EMBED, RERANK, SPARSE_EMBED
 from api.openapi import package_version
 from api.prompts import select_prompt
@@ -122,9 +122,9 @@ async def rerank_tei(request: Request, server: NamedDependency[Server]) -> Encod
     `raw_scores` gives the model's raw score."""
     data = await decode_body(request, TeiRerankRequest)
     model = server.registry().get(None, RERANK)
-    if not data.query.strip():
-        raise InvalidInput("query must not be empty", "query")
+    check_query(data.query)
     check_documents(data.texts, server.config.max_documents, "texts")
+    check_texts(data.texts, server.config.max_documents, "texts")
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     # truncation keeps one window per text; otherwise long texts score the max of their chunks
     options = RerankOptions(

@@ -225,17 +225,45 @@ def test_a_7_mb_document_is_read_as_far_as_rerank_reads_it(client, monkeypatch):
 @pytest.mark.parametrize("route", [COHERE_V1, COHERE_V2, TEI])
 def test_empty_queries_and_lists_are_400(client, route):
     for query in ("", "\n\t "):
-        assert_error(
-            client.post(route, json={**texts_body(route, ["d"]), "query": query}), route, 400, "query"
-        )
+        body = {**texts_body(route, ["d"]), "query": query}
+        assert_error(client.post(route, json=body), route, 400, "query must not be empty or only whitespace")
     assert_error(client.post(route, json=texts_body(route, [])), route, 400, "empty")
 
 
-@pytest.mark.parametrize("route", [COHERE_V1, COHERE_V2, TEI])
-def test_an_empty_document_is_scored_like_any_other(client, route):
-    payload = assert_ok(client.post(route, json=texts_body(route, ["", "bread", " "])))
-    results = payload if route == TEI else payload["results"]
-    assert len(results) == 3
+SCORE = "/v1/score"
+
+
+@pytest.mark.parametrize("route", [COHERE_V1, COHERE_V2, TEI, SCORE])
+def test_an_empty_document_is_400_naming_its_index_and_whitespace_is_scored(client, route):
+    """One rule on every route that takes documents, as on those that take texts: no empty string."""
+    body = {"text_1": "bread", "text_2": ["a", ""]} if route == SCORE else texts_body(route, ["a", ""])
+    param = {TEI: "texts", SCORE: "text_2"}.get(route, "documents")
+    assert_error(client.post(route, json=body), route, 400, f"{param}[1] is an empty string")
+    if route == SCORE:
+        error = client.post(route, json=body).json()["error"]
+        assert error["param"] == "text_2" and error["code"] == 400
+        body = {"queries": "bread", "documents": ["a", ""]}
+        assert_error(client.post(route, json=body), route, 400, "documents[1] is an empty string")
+        payload = assert_ok(client.post(route, json={"text_1": "bread", "text_2": ["a", " "]}))
+        assert len(payload["data"]) == 2
+    else:
+        payload = assert_ok(client.post(route, json=texts_body(route, ["a", " ", "\n"])))
+        assert len(payload if route == TEI else payload["results"]) == 3
+    if route == COHERE_V1:  # a document object's text, too
+        body = {"query": "bread", "documents": [{"text": "a"}, {"text": ""}]}
+        assert_error(client.post(route, json=body), route, 400, "documents[1] is an empty string")
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"text_1": " ", "text_2": ["a"]}, "text_1 must not be empty or only whitespace"),
+        ({"text_1": ["a", "\t"], "text_2": ["a", "b"]}, "text_1[1] must not be empty or only whitespace"),
+        ({"queries": "", "documents": "a"}, "queries[0] is an empty string"),
+    ],
+)
+def test_a_score_query_of_whitespace_is_400_as_reranks_is(client, body, needle):
+    assert_error(client.post(SCORE, json=body), SCORE, 400, needle)
 
 
 @pytest.mark.parametrize("route", [COHERE_V1, TEI])
