@@ -176,9 +176,7 @@ def activate_and_quantize(kernel, x: torch.Tensor, activation: str) -> Fp8Rows:
     scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)
     block = 1 << (width - 1).bit_length()
     tanh = KERNEL_ACTIVATIONS[activation]
-    kernel[(num_tokens,)](
-        x, values, scales, width, TANH=tanh, BLOCK=block, num_warps=row_warps(block)
-    )
+    kernel[(num_tokens,)](x, values, scales, width, TANH=tanh, BLOCK=block, num_warps=row_warps(block))
     return Fp8Rows(values, scales, x.dtype)
 
 

@@ -55,6 +55,9 @@ def test_splade_weights_match_sentence_transformers(
     # small chunks, so that a sequence's tokens span several of them
     monkeypatch.setattr(sparse_module, "LOGIT_CHUNK_TOKENS", 7)
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    # the vocabulary projection padded for aligned GEMMs (30,522 rows: 30,528), the rows the vocabulary's
+    assert model.mlm.decoder.out_features % sparse_module.VOCAB_ALIGNMENT == 0
+    assert model.mlm.decoder.out_features > spec.vocab_size
     with torch.inference_mode():
         rows = model(pack(encode(spec, TEXTS))).numpy()
     reference = SparseEncoder(str(folder), device="cpu")
