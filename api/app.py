@@ -12,6 +12,7 @@ from litestar.types import Message, Receive, Scope, Send
 
 from api.config import ServerConfig
 from api.errors import error_response
+from api.head import as_get, without_body
 from api.hooks import RequestHooks
 from api.hot_routes import HotRoutes
 from api.openapi import openapi_config
@@ -31,11 +32,15 @@ from engine.passing_thread import await_in_passing_thread
 
 
 class PosyApp(Litestar):
-    """Litestar, with the POSTs of the routes that run a model answered before its router."""
+    """Litestar, with the POSTs of the routes that run a model answered before its router, and HEAD
+    answered as GET without the body (api/head.py)."""
 
     hot_routes: HotRoutes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            await super().__call__(as_get(scope), receive, without_body(send))
+            return
         handler = self.hot_routes.handler_of(scope)
         if handler is None:
             await super().__call__(scope, receive, send)

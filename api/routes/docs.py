@@ -27,7 +27,7 @@ def docs(request: Request) -> Response[bytes]:
     if page is None:
         schema = with_request_bodies(request.app, request.app.openapi_schema.to_schema())
         page = request.app.state[DOCS_STATE] = render(schema).encode()
-    return Response(content=page, media_type="text/html; charset=utf-8")
+    return Response(content=page, media_type="text/html")  # Litestar adds "; charset=utf-8" to text/*
 
 
 def render(schema: dict[str, Any]) -> str:
