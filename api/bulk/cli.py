@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import signal
 import sys
+from collections.abc import Coroutine
 
 from api.bulk.config import DEFAULT_SHARD_ROWS, JobConfig
 
@@ -83,7 +85,8 @@ def run_embed(args: argparse.Namespace) -> int:
 
             run_ray_job(config, args.ray, args.ray_workers)
         else:
-            asyncio.run(run_job(config))
+            if asyncio.run(_until_interrupted(run_job(config))):
+                raise KeyboardInterrupt
     except JobError as error:
         print(f"posy embed: {error}", file=sys.stderr)
         return 2
@@ -94,3 +97,28 @@ def run_embed(args: argparse.Namespace) -> int:
         print(f"posy embed: interrupted{resume}", file=sys.stderr)
         return 130
     return 0
+
+
+async def _until_interrupted(job: Coroutine) -> bool:
+    """Runs the job; True when Ctrl-C stopped it (its task cancelled, what it finished kept). SIGINT is
+    the loop's, its callback run between callbacks: asyncio.run's own handler cancels the task from
+    inside whatever runs when the signal lands, and once cancelled a thread's future between asyncio's
+    check of it and its set_result, which logged an InvalidStateError traceback."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    try:
+        await job
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return interrupted
