@@ -12,7 +12,7 @@ from litestar import Request
 from litestar.exceptions import ClientException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
-from api.errors import ClientDisconnected, InvalidInput
+from api.errors import READ_TIMEOUT, ApiError, ClientDisconnected, InvalidInput
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ async def read_body(request: Request) -> bytes:
     receive = request.receive
     message = await receive()
     if message["type"] == "http.disconnect":
-        raise ClientDisconnected()
+        raise disconnected(request)
     body = message.get("body", b"")
     if not message.get("more_body", False):  # the usual case: one message
         if len(body) > limit:
@@ -86,7 +86,7 @@ async def read_body(request: Request) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
+            raise disconnected(request)
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -94,3 +94,9 @@ async def read_body(request: Request) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def disconnected(request: Request) -> ApiError:
+    """Why the body stopped: the client went away, or its connection answered its stall with a 408
+    (api/connection_limits.py), which the metrics then count."""
+    return request.scope.get("state", {}).get(READ_TIMEOUT) or ClientDisconnected()

@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from api.config import (
+    BODY_TIMEOUT_S,
     DRAIN_GRACE_S,
+    HEADER_TIMEOUT_S,
     MAX_BODY_BYTES,
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
@@ -105,6 +107,27 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, a
         default=REQUEST_TIMEOUT_S,
         help="seconds from a request's arrival after which, still waiting on the model, it gets a 504 "
         "and its queued work is dropped; 0: no limit",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_at_least(0, float),
+        default=HEADER_TIMEOUT_S,
+        help="seconds a request's head may take to arrive whole, from its connection's accept (on a "
+        "kept-alive connection, from its first byte): then a 408 and the connection closes (one that sent "
+        "nothing just closes); 0: no limit",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=_at_least(0, float),
+        default=BODY_TIMEOUT_S,
+        help="seconds a request's body may take to arrive whole from the end of its head, however steadily "
+        "it comes: then a 408 and the connection closes; 0: no limit",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_at_least(1, int),
+        help="connections each gateway process holds open; past it a new connection's request gets a 503 "
+        "with Retry-After and the connection closes (default: half the process's open-file limit)",
     )
     serve.add_argument(
         "--drain-grace",
@@ -265,6 +288,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         max_request_tokens=args.max_request_tokens,
         request_timeout=args.request_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        max_connections=args.max_connections,
         log_level=args.log_level,
         drain_grace=args.drain_grace,
         shutdown_timeout=args.shutdown_timeout,
@@ -353,8 +379,7 @@ def _serve(config: ServerConfig) -> int:
         except EngineError as refusal:  # a replica that would not start
             return cannot_serve(refusal)
     app = create_app(config, server)
-    flags = (config.host, config.port, config.log_level, config.drain_grace, config.shutdown_timeout)
-    return serve_or_refuse(server, lambda: run_server(app, server, *flags))
+    return serve_or_refuse(server, lambda: run_server(app, server, config))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ MAX_TOKEN_OUTPUT_FLOATS = 1 << 24
 # texts), bge-m3's a token each
 MAX_SPARSE_ROWS_FLOATS = 1 << 26
 REQUEST_TIMEOUT_S = 60.0
+# a request's head must arrive within HEADER_TIMEOUT_S of its connection's accept (or of its first byte,
+# on a kept-alive connection), its body within BODY_TIMEOUT_S of its head's end: 8 MiB at 280 kB/s
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0
 DEFAULT_MAX_CHUNKS_PER_DOC = 10
 DEFAULT_MAX_TOKENS_PER_DOC = 4096
 
@@ -80,6 +84,13 @@ class ServerConfig:
     max_request_tokens: int = MAX_REQUEST_TOKENS
     # seconds from a request's arrival after which one still waiting on the model gets a 504; 0: never
     request_timeout: float = REQUEST_TIMEOUT_S
+    # seconds for a request's head and for its body to arrive whole, else a 408 (api/connection_limits.py);
+    # 0: no limit
+    header_timeout: float = HEADER_TIMEOUT_S
+    body_timeout: float = BODY_TIMEOUT_S
+    # connections a gateway process holds open at once; past it a new one's request gets a 503. None: half
+    # the process's open-file limit
+    max_connections: int | None = None
     log_level: str = "info"
     # SIGTERM: seconds of 503 before the listener closes, then seconds for admitted work to finish
     drain_grace: float = DRAIN_GRACE_S

@@ -17,6 +17,8 @@ from types import FrameType
 
 import uvicorn
 
+from api.config import ServerConfig
+from api.connection_limits import ConnectionLimits, limited_protocol
 from api.server import Server
 
 logger = logging.getLogger(__name__)
@@ -95,25 +97,18 @@ def accept_queued(listener_fd: int) -> list[socket.socket]:
         listener.close()
 
 
-def run_server(
-    app,
-    server: Server,
-    host: str,
-    port: int,
-    log_level: str,
-    grace_s: float,
-    shutdown_timeout_s: float,
-    sockets: list | None = None,
-) -> None:
+def run_server(app, server: Server, config: ServerConfig, sockets: list | None = None) -> None:
     """Serve until drained; on `sockets` (listening already, shared with other gateways) where given."""
-    config = uvicorn.Config(
+    uvicorn_config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
-        log_level=log_level,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
         access_log=False,
         # nothing reads the client's address: no X-Forwarded-For rewriting on every request
         proxy_headers=False,
-        timeout_graceful_shutdown=max(1, round(shutdown_timeout_s)),
+        timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
+        # httptools' protocol with read deadlines and a cap on open connections
+        http=limited_protocol(ConnectionLimits.of(config)),
     )
-    DrainingServer(config, server, grace_s).run(sockets=sockets)
+    DrainingServer(uvicorn_config, server, config.drain_grace).run(sockets=sockets)

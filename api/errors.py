@@ -109,6 +109,20 @@ class RequestTimeout(ApiError):
         )
 
 
+class ReadTimeout(ApiError):
+    """The client sent its request's head or body too slowly (api/connection_limits.py): 408, and the
+    connection closes."""
+
+    status_code = 408
+    error_type = "timeout"
+
+    def __init__(self, part: str, timeout_s: float, flag: str):
+        super().__init__(
+            f"the request's {part} did not arrive whole within {timeout_s:g} s ({flag}); the connection is "
+            "closed"
+        )
+
+
 class ClientDisconnected(ApiError):
     """The client went away while its request waited on the model; nobody reads this answer, but the
     status (nginx's 499) shows in the metrics."""
@@ -172,6 +186,14 @@ TRUNCATION_FIELDS = {
     ApiShape.TEI: "truncate: true, or --auto-truncate",
 }
 TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/rerank", "/tokenize", "/info"})
+# the kind of error TEI names beside each status; any other is "Backend"
+TEI_ERROR_TYPES = {
+    408: "Validation",
+    413: "Validation",
+    422: "Validation",
+    429: "Overloaded",
+    503: "Unhealthy",
+}
 
 
 def shape_of(path: str) -> ApiShape:
@@ -183,6 +205,9 @@ def shape_of(path: str) -> ApiShape:
 
 
 REQUEST_ID = "posy_request_id"
+# where the connection's protocol leaves the ReadTimeout it answered a stalled body with, for the
+# request's own reader to raise (api/body.py), so that the metrics count a 408 rather than a 499
+READ_TIMEOUT = "posy_read_timeout"
 MAX_REQUEST_ID_CHARS = 128
 
 
@@ -252,10 +277,7 @@ def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]
         # TEI answers invalid input with 422 (a request too large: 413) and names the kind of error
         if status == 400:
             status = error.tei_status_code
-        tei_type = {413: "Validation", 422: "Validation", 429: "Overloaded", 503: "Unhealthy"}.get(
-            status, "Backend"
-        )
-        body = {"error": message, "error_type": tei_type}
+        body = {"error": message, "error_type": TEI_ERROR_TYPES.get(status, "Backend")}
     else:
         body = {
             "error": {

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Litestar
 from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
 from litestar.types import Receive, Scope, Send
 
-from api.errors import error_parts
 from api.hooks import RequestHooks
-from api.responses import EncodedJson, json_headers
-
-_ENCODER = msgspec.json.Encoder()
+from api.responses import EncodedJson, error_answer, json_headers
 
 
 class Call:
@@ -56,12 +52,7 @@ class HotRoutes:
             status, body = 200, response.body
             headers = json_headers(body)
         except Exception as error:  # answered in the API's error shape, as Litestar's handler does
-            status, content, extra = error_parts(scope, error)
-            body = _ENCODER.encode(content)
-            headers = json_headers(body)
-            headers += [
-                (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()
-            ]
+            status, headers, body = error_answer(scope, error)
         headers += self.hooks.response_headers(scope)
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})

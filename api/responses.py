@@ -11,6 +11,8 @@ import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import Receive, Scope, Send
 
+from api.errors import error_parts
+
 _ENCODER = msgspec.json.Encoder()
 _CONTENT_TYPE = (b"content-type", b"application/json")
 
@@ -28,6 +30,15 @@ class EncodedJson:
 
 def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     return [_CONTENT_TYPE, (b"content-length", str(len(body)).encode())]
+
+
+def error_answer(scope: Scope, error: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The status, headers and encoded body of the answer to `error`, in the called API's shape."""
+    status, content, extra = error_parts(scope, error)
+    body = _ENCODER.encode(content)
+    headers = json_headers(body)
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()]
+    return status, headers, body
 
 
 def documented(wire_type: Any, description: str) -> dict[int, ResponseSpec]:

@@ -138,13 +138,4 @@ def gateway_main(config: ServerConfig, handles: Sequence[ReplicaHandles], index:
     listener.listen(BACKLOG)
     server = Server(config, replicas=handles)
     app = create_app(config, server)
-    run_server(
-        app,
-        server,
-        config.host,
-        config.port,
-        config.log_level,
-        config.drain_grace,
-        config.shutdown_timeout,
-        sockets=[listener],
-    )
+    run_server(app, server, config, sockets=[listener])
