@@ -217,6 +217,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+def awaits_first_request(connection: asyncio.Protocol) -> bool:
+    """Open, and no byte of its first request read yet."""
+    return getattr(connection, "reading", None) is WAITING
+
+
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
     if timer is not None:
         timer.cancel()

@@ -6,6 +6,7 @@ timeout, leaving no process behind; and no request a client sent as the port clo
 
 import collections
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -137,6 +138,51 @@ def test_requests_sent_as_the_port_closes_are_answered_not_reset(tmp_path, flags
     expected = {(200, None, None), (503, "1", "close"), "refused"}
     assert set(outcomes) <= expected, outcomes
     assert all(outcomes[key] for key in expected), outcomes
+
+
+def test_a_connection_opened_as_the_port_closes_is_answered_though_its_request_comes_late(tmp_path):
+    """A client that connected before the close but sends its request a second later (a loaded host's
+    client) gets its 503, not a closed connection."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "api",
+        "serve",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--drain-grace",
+        "1",
+    ]
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+    body = b'{"input": "late"}'
+    request = b"POST /v1/embeddings HTTP/1.1\r\nHost: posy\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+    try:
+        wait_ready(url, process)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.8)  # inside the grace period: the listener takes the connections
+        connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        time.sleep(1.2)  # the port has closed meanwhile
+        answers = []
+        for sock in connections:
+            with sock:
+                sock.sendall(request)
+                sock.settimeout(10)
+                answers.append(sock.recv(64).split(b"\r\n")[0])
+        assert answers == [b"HTTP/1.1 503 Service Unavailable"] * 4
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
 
 
 def alive(pid: int) -> bool:
