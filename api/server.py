@@ -93,9 +93,13 @@ class Server:
         )
         served = []
         num_replicas = self.num_replicas(engine_config.device)
+        replica_sets = self.start_replicas() if self.runs_engines_apart(num_replicas) else None
         for index, spec in enumerate(specs):
             names = self.names(index, spec)
-            engine = self._start_engine(index, spec, engine_config, num_replicas, names[0])
+            if replica_sets is not None:
+                engine = replica_sets[index].pool
+            else:
+                engine = self._engine_here(index, spec, engine_config, names[0])
             self.metrics.track_queue(names[0], lambda engine=engine: engine.queued_tokens)
             self.metrics.model_info.labels(model=names[0]).info(
                 {
@@ -154,22 +158,34 @@ class Server:
     def num_replicas(self, device: str) -> int:
         return replica_count(self.config.replicas, device)
 
-    def start_replicas(self, index: int, spec: ModelSpec, engine_config: EngineConfig, num_replicas: int):
-        """Model `index`'s engine replica processes, warm; this server stops them."""
-        config = self.config
-        replica_set = ReplicaSet(
-            self.source(config.models[index]), num_replicas, engine_config, config.log_level,
-            metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
-        )  # fmt: skip
-        self._replica_sets.append(replica_set)
-        replica_set.start()
-        return replica_set
+    def runs_engines_apart(self, num_replicas: int) -> bool:
+        """Whether this server starts its models' engines as replica processes."""
+        return self._remote is None and (num_replicas > 1 or self.config.engine_process)
 
-    def _start_engine(
-        self, index: int, spec: ModelSpec, engine_config: EngineConfig, num_replicas: int, name: str
+    def start_replicas(self) -> list[ReplicaSet]:
+        """Every model's engine replica processes, warm; this server stops them. All are spawned before any
+        is waited for: their imports and loads overlap (one model at a time, the compat suite's server of
+        many tiny models took 120 s to start on 2 cores, all at once 70)."""
+        specs = self.resolve()
+        engine_config = self.engine_config(max(spec.max_seq_length for spec in specs))
+        num_replicas = self.num_replicas(engine_config.device)
+        config = self.config
+        for index, spec in enumerate(specs):
+            replica_set = ReplicaSet(
+                self.source(config.models[index]), num_replicas, engine_config, config.log_level,
+                metrics_model=self.names(index, spec)[0], batch_observer=replica_batch_observer,
+            )  # fmt: skip
+            self._replica_sets.append(replica_set)
+            replica_set.spawn()
+        for replica_set in self._replica_sets:
+            replica_set.wait_ready()
+        return self._replica_sets
+
+    def _engine_here(
+        self, index: int, spec: ModelSpec, engine_config: EngineConfig, name: str
     ) -> Engine | ReplicaPool:
-        """One replica runs in this process; more run as worker processes behind a ReplicaPool; a gateway
-        worker connects to the replicas it was handed."""
+        """The engine in this process, or, in a gateway worker, the replicas it was handed (the replica
+        processes of a server that runs its engines apart start in load(), all at once)."""
         if self._remote is not None:
             handles = self._remote[index]
             pool = handles.pool()
@@ -177,9 +193,7 @@ class Server:
                 target=handles.follow, args=(pool, self._following), name="posy-liveness", daemon=True
             ).start()
             return pool
-        if num_replicas == 1 and not self.config.engine_process:
-            return build_engine(spec, engine_config, self.metrics.batch_observer(name))
-        return self.start_replicas(index, spec, engine_config, num_replicas).pool
+        return build_engine(spec, engine_config, self.metrics.batch_observer(name))
 
     def source(self, model: str | None) -> ModelSource:
         """A --model as the server's flags read it."""

@@ -52,9 +52,8 @@ class GatewaySupervisor:
         engine_config = server.engine_config(max(spec.max_seq_length for spec in specs))
         num_replicas = server.num_replicas(engine_config.device)
         try:
-            for index, spec in enumerate(specs):
-                replica_set = server.start_replicas(index, spec, engine_config, num_replicas)
-                self._handles.append(replica_set.handles())
+            replica_sets = server.start_replicas()
+            self._handles = [replica_set.handles() for replica_set in replica_sets]
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._on_signal)
             self._gateways = [self._spawn(index) for index in range(self.config.api_workers)]

@@ -91,12 +91,21 @@ class ReplicaSet:
         for index in range(num_replicas):
             self.liveness[2 * index] = 1
         self._stopping = threading.Event()
+        self._started: list = []  # each spawned replica's ready event
         self._watcher: threading.Thread | None = None
 
     def start(self) -> None:
         """Start every replica, in parallel, and return once all are warm (or raise)."""
-        started = [self._spawn(index) for index in range(len(self.configs))]
-        for index, ready in enumerate(started):
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start every replica's process; wait_ready() then waits for them (other sets may spawn between)."""
+        self._started = [self._spawn(index) for index in range(len(self.configs))]
+
+    def wait_ready(self) -> None:
+        """Return once every spawned replica is warm (or raise), and watch them from then on."""
+        for index, ready in enumerate(self._started):
             self._wait_ready(index, ready)
         self.pool.description = json.loads(self._descriptions[0].value.decode())
         self._watcher = threading.Thread(target=self._watch, name="posy-replicas", daemon=True)
