@@ -313,8 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from api.ray_serve import serve_on_ray
 
         return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
-    from api.layout import choose_layout, tokenizer_threads, usable_cores
+    from api.layout import OMP_WAIT_POLICY, choose_layout, tokenizer_threads, usable_cores
     from api.tokenize import TOKENIZERS_PARALLELISM
+
+    os.environ.setdefault(*OMP_WAIT_POLICY)  # before torch is first imported, here and in what starts here
     from engine.device import resolve_device
     from engine.replicas import replica_count
 
