@@ -38,7 +38,9 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--api-workers", "2", "--replicas", "2")], ids=["one-process", "two-gateways"]
+    "flags",
+    [("--engine-process", "off"), ("--api-workers", "2", "--replicas", "2")],
+    ids=["one-process", "two-gateways"],
 )
 def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
     port = free_port()
@@ -86,7 +88,9 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
 
 
 @pytest.mark.parametrize(
-    "flags", [(), ("--api-workers", "2", "--replicas", "2")], ids=["one-process", "two-gateways"]
+    "flags",
+    [("--engine-process", "off"), ("--api-workers", "2", "--replicas", "2")],
+    ids=["one-process", "two-gateways"],
 )
 def test_requests_sent_as_the_port_closes_are_answered_not_reset(tmp_path, flags):
     """Clients keep sending through the drain and the close: each request they sent gets an answer (a

@@ -52,7 +52,7 @@ def test_an_unsupported_splade_pooling_is_one_line(minilm_path, tmp_path):
     )
 
 
-@pytest.mark.parametrize("layout", [(), ("--engine-process", "on")])
+@pytest.mark.parametrize("layout", [("--engine-process", "off"), ("--engine-process", "on")])
 def test_a_refusal_while_the_lifespan_loads_is_one_line(layout):
     """What only building the engine finds (here an attention backend the CPU cannot run) is refused in the
     lifespan, under uvicorn, which would log Litestar's exception group; or in the engine's own process,
