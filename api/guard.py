@@ -16,7 +16,7 @@ from api.config import ServerConfig
 from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
 from api.timing import times_of
 from api.tokenizer_pool import StartBy, TokenizerBehind
-from engine.errors import NeverInTime
+from engine.errors import BehindDeadline, NeverInTime
 from engine.request import EngineOutput
 from engine.scheduler import ADMIT_SHARE
 
@@ -24,9 +24,6 @@ T = TypeVar("T")
 # work that comes back sooner needs no watch for the client's disconnect: it is done before a watch
 # could drop it, and a task per request costs the busy event loop more than the model's answer
 WATCH_AFTER_S = 0.005
-# work the engine admitted on its estimate finishes: a 504 only at this many timeouts from arrival (an
-# engine that stalled); work admitted before the engine had measured gets its 504 at the timeout
-BACKSTOP_TIMEOUTS = 2
 # a large input's tokenization is admitted while its estimate (its wait on the encoder's threads and its
 # own time) takes at most this share of what the engine's queue leaves of its time; its parts may start
 # as late as the whole of it allows: the rest absorbs the estimate's error (the threads' rate drifts with
@@ -59,11 +56,15 @@ class RequestGuard:
     """Stands in for the engine (a SequenceRunner) during one request. `run` refuses more than
     max_request_tokens over the request's runs (counted as the engine will run them: a shared prefix once
     a batch), and work that would outlast --request-timeout even on an idle engine, before anything is
-    queued; the engine refuses (429) what its queue could not finish in the time left. Then
-    it waits until the rows come, the client disconnects (499) or the backstop passes (504: the timeout
-    where the engine had no estimate to admit by, BACKSTOP_TIMEOUTS of it where it had), whichever is
-    first; the last two cancel the engine's future, and the scheduler drops what is not yet batched.
-    Before that, a large input's tokenization is admitted by the same deadline (admit_tokenization)."""
+    queued; the engine refuses (429) what its queue could not finish in the time left, and what come to
+    the front of its queue could no longer finish in it. Then it waits until the rows come, the client
+    disconnects (499) or the deadline passes (504: never a late answer), whichever is first; the last two
+    cancel the engine's future, and the scheduler drops what is not yet batched.
+    Before that, a large input's tokenization is admitted by the same deadline (admit_tokenization). The
+    engine's deadline is the request's less what the gateway takes to answer once the rows are back
+    (RequestTimes.answer_reserve_s). A request whose engine's queue alone would not finish by then is
+    refused as the guard is made, before its inputs are tokenized: under a flood of clients that never
+    back off, a refusal then costs the loop its body's decoding, not its tokenization."""
 
     def __init__(self, engine: Enqueuing, request: Request, config: ServerConfig):
         self.engine = engine
@@ -71,9 +72,22 @@ class RequestGuard:
         self.max_request_tokens = config.max_request_tokens
         self.timeout_s = config.request_timeout
         self.times = times_of(request.scope)
-        self.deadline = self.times.arrived + self.timeout_s if self.timeout_s > 0 else None
+        self.deadline = self.engine_deadline = None
+        if self.timeout_s > 0:
+            self.deadline = self.times.arrived + self.timeout_s
+            self.engine_deadline = self.deadline - self.times.answer_reserve_s
+            self._refuse_if_behind()
         self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
         self.num_tokens = 0  # the tokens the model ran for the request (its usage)
+
+    def _refuse_if_behind(self) -> None:
+        """BehindDeadline where the engine would refuse work of a single token now: its queue alone takes
+        more than ADMIT_SHARE of the time left to the engine."""
+        backlog = self.engine.backlog_seconds(1)
+        if backlog is not None:
+            left = self.engine_deadline - time.perf_counter()
+            if backlog > ADMIT_SHARE * left:
+                raise BehindDeadline(backlog, left)
 
     def admit_tokenization(
         self, tokenize_s: float | None, own_s: float | None, num_tokens: int
@@ -86,13 +100,13 @@ class RequestGuard:
         Nothing is refused without a deadline or before the threads have measured, nor work that an idle
         engine could not finish in time either: run() refuses that (a 400) on its counted tokens, not on
         this guess of them."""
-        if self.deadline is None or tokenize_s is None or own_s is None:
+        if self.engine_deadline is None or tokenize_s is None or own_s is None:
             return None
         idle_s = self.engine.estimate_seconds(num_tokens)
         if idle_s is not None and idle_s > self.timeout_s:
             return None
         now = time.perf_counter()
-        left = self.deadline - now
+        left = self.engine_deadline - now
         engine_s = self.engine.backlog_seconds(num_tokens) or 0.0
         budget = ADMIT_SHARE * left - engine_s  # what the engine's queue leaves for tokenization
         if tokenize_s > TOKENIZE_SHARE * budget:
@@ -122,20 +136,19 @@ class RequestGuard:
         self.num_tokens_asked += num_tokens
         if self.num_tokens_asked > self.max_request_tokens:
             raise RequestTooLarge(self.num_tokens_asked, self.max_request_tokens)
-        backstop = self.deadline
         if self.deadline is not None:
             estimate = self.engine.estimate_seconds(num_tokens)
-            if estimate is not None:
-                if estimate > self.timeout_s:
-                    raise NeverInTime(estimate, self.timeout_s)
-                backstop = self.times.arrived + BACKSTOP_TIMEOUTS * self.timeout_s
+            if estimate is not None and estimate > self.timeout_s:
+                raise NeverInTime(estimate, self.timeout_s)
+        submitted = time.perf_counter()
+        deadline = self.engine_deadline
         if prefix is None and spans is None:
-            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline)
+            work = self.engine.enqueue(token_ids, token_type_ids, deadline)
         elif spans is None:  # only where the engine shares_prefix
-            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, prefix=prefix)
+            work = self.engine.enqueue(token_ids, token_type_ids, deadline, prefix=prefix)
         else:  # late chunking
-            work = self.engine.enqueue(token_ids, token_type_ids, self.deadline, spans=spans)
-        watch = _Watch(work, self.receive, backstop)
+            work = self.engine.enqueue(token_ids, token_type_ids, deadline, spans=spans)
+        watch = _Watch(work, self.receive, self.deadline)
         try:
             output = await work
         except asyncio.CancelledError:
@@ -144,7 +157,12 @@ class RequestGuard:
             watch.raise_outcome(time.perf_counter() - self.times.arrived, self.timeout_s)
         finally:
             watch.stop()
+        waited = time.perf_counter() - self.times.arrived
+        if self.deadline is not None and waited > self.timeout_s:
+            # rows that beat the deadline's timer on a busy loop are still late: never a late 200
+            raise RequestTimeout(waited, self.timeout_s)
         self.times.add_engine(output.queue_s, output.inference_s)
+        self.times.add_rows_back(submitted, output.queue_s, output.inference_s)
         self.num_tokens += output.num_tokens
         return output.rows
 

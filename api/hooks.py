@@ -1,6 +1,6 @@
 """RequestHooks: what every request goes through before and after its route, in Litestar's hooks and on
 the hot routes alike: its arrival time, the API key, and on the response's start the x-request-id and
-timing headers and the request's metrics."""
+timing headers, the request's metrics and the gateway's AnswerTime."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from litestar.types import Scope
 
 from api.errors import Unauthorized, request_id_of
 from api.metrics import Metrics
-from api.timing import TIMES, RequestTimes
+from api.timing import TIMES, AnswerTime, RequestTimes
 
 # every other route needs the API key when one is set, /metrics and /openapi.json included
 OPEN_PATHS = ("/health", "/ready")
@@ -23,10 +23,11 @@ class RequestHooks:
         # headers arrive as latin-1 text in Litestar, as bytes here: compared as the key's UTF-8 bytes
         self.api_key = api_key.encode() if api_key else None
         self.metrics = metrics
+        self.answer_time = AnswerTime()
 
     def arrived(self, scope: Scope) -> None:
         """The request's clock starts; without a valid key (where one is set) it goes no further."""
-        scope["state"][TIMES] = RequestTimes(time.perf_counter())
+        scope["state"][TIMES] = RequestTimes(time.perf_counter(), self.answer_time.reserve_s)
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             if not hmac.compare_digest(_given_key(scope["headers"]), self.api_key):
                 raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
@@ -46,8 +47,11 @@ class RequestHooks:
         times: RequestTimes | None = scope["state"].get(TIMES)
         if times is None or times.answered is None:
             self.metrics.observe_request(route, status, 0.0)
-        else:
-            self.metrics.observe_request(route, status, times.answered - times.arrived, times.stages())
+            return
+        self.metrics.observe_request(route, status, times.answered - times.arrived, times.stages())
+        answer_s = times.answer_s()
+        if answer_s is not None:
+            self.answer_time.observe(answer_s)
 
 
 def _given_key(headers: Headers) -> bytes:

@@ -4,6 +4,7 @@ x-total-time, x-tokenization-time, x-queue-time and x-inference-time (millisecon
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from litestar.types import Scope
@@ -11,11 +12,19 @@ from litestar.types import Scope
 # the scope's state key of a request's RequestTimes, set when it arrives
 TIMES = "posy_times"
 STAGES = ("tokenization", "queue", "inference")
+# AnswerTime: the requests it keeps, the quantile it reserves, and how often it ranks them again
+NUM_ANSWERS = 64
+ANSWER_QUANTILE = 0.95
+RANK_EVERY = 8
 
 
 @dataclass(slots=True)
 class RequestTimes:
     arrived: float  # time.perf_counter()
+    # of its --request-timeout, what the gateway keeps for itself once the rows are back (AnswerTime's
+    # reserve when the request arrived): the engine must finish that much before the deadline
+    answer_reserve_s: float = 0.0
+    rows_back: float | None = None  # when its last rows were back, as the engine's clock counts them
     answered: float | None = None  # when its response started
     tokenization_s: float | None = None
     queue_s: float | None = None  # of the model's work: the slowest chunk's where a request was split
@@ -29,6 +38,18 @@ class RequestTimes:
         several queries) calls it for all at once, and waits as long as the slowest call."""
         self.queue_s = max(queue_s, self.queue_s or 0.0)
         self.inference_s = max(inference_s, self.inference_s or 0.0)
+
+    def add_rows_back(self, submitted: float, queue_s: float, inference_s: float) -> None:
+        """An engine call submitted at `submitted` (time.perf_counter) whose stages took these times."""
+        back = submitted + queue_s + inference_s
+        self.rows_back = back if self.rows_back is None else max(back, self.rows_back)
+
+    def answer_s(self) -> float | None:
+        """From its last rows being back to its response's start: the loop's lag to resume it, the hop
+        from a replica, the encoding; None where the engine never ran it."""
+        if self.rows_back is None or self.answered is None:
+            return None
+        return self.answered - self.rows_back
 
     def stages(self) -> tuple[tuple[str, float], ...]:
         """(stage, seconds) of the stages this request went through."""
@@ -56,3 +77,24 @@ def times_of(scope: Scope) -> RequestTimes:
     if times is None:
         times = state[TIMES] = RequestTimes(time.perf_counter())
     return times
+
+
+class AnswerTime:
+    """How long this gateway takes to answer once a request's rows are back, over its last NUM_ANSWERS
+    answered requests: a loop busy with a flood of clients resumed a request a second after its rows
+    came, past --request-timeout. Admission gives the engine the time left less ANSWER_QUANTILE of it
+    (reserve_s), so that work admitted in time is answered in time. One per gateway process."""
+
+    __slots__ = ("_recent", "_count", "reserve_s")
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=NUM_ANSWERS)
+        self._count = 0
+        self.reserve_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._recent.append(max(0.0, seconds))
+        self._count += 1
+        if self._count <= RANK_EVERY or self._count % RANK_EVERY == 0:
+            ranked = sorted(self._recent)
+            self.reserve_s = ranked[min(len(ranked) - 1, int(ANSWER_QUANTILE * len(ranked)))]

@@ -118,7 +118,5 @@ def test_a_burst_of_large_requests_gets_only_200s_and_429s_never_a_504(server_fa
     statuses = [status for status, _, _ in answers]
     assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses, statuses
     assert all(retry is not None and int(retry) >= 1 for status, retry, _ in answers if status == 429)
-    # admitted work finishes: at the rate measured before the burst it would within the timeout; the
-    # burst's own JSON and tokenization slow the CPU model, and no admitted request is cut off for it
-    # (the 504 backstop of work admitted on an estimate is at twice the timeout)
-    assert max(seconds for status, _, seconds in answers if status == 200) < 2 * timeout_s, burst.log_tail()
+    # admitted work is answered within the timeout, never after it
+    assert max(seconds for status, _, seconds in answers if status == 200) < timeout_s, burst.log_tail()

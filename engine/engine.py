@@ -17,7 +17,7 @@ import torch
 
 from engine.batch import check_spans, count_row_tokens, num_spans, pack
 from engine.config import EngineConfig
-from engine.errors import EngineError, EngineStopped, SequenceTooLong
+from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
 from engine.prefixes import (
     MIN_SAVED_TOKENS_EAGER,
@@ -272,6 +272,8 @@ class Engine:
             else:
                 intake.poll(0 if self.scheduler.queued_tokens else wait)
                 batch = self.scheduler.next_batch(timeout=0)
+            for expired, estimate, left in self.scheduler.take_expired():
+                expired.owner.fail(BehindDeadline(estimate, left))
             launched = self._launch(batch) if batch else None
             if launched is None and in_flight is not None and self._overlap_wait(in_flight) > 0:
                 continue  # nothing came and the batch still runs: listen again

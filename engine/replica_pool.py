@@ -107,12 +107,16 @@ class ReplicaPool:
         return num_tokens / sum(1 / rate for rate in rates)  # type: ignore[operator]
 
     def backlog_seconds(self, num_tokens: int) -> float | None:
-        """As Engine.backlog_seconds, on the live replica that would take the work (the least loaded, its
-        load as _send counts it), at its measured rate (its margin is its own); None while none has
-        measured."""
+        """As Engine.backlog_seconds, on the live replica that would take the work (the least loaded), at
+        its measured rate (its margin is its own); None while none has measured. Its load is this
+        gateway's work on it, and the queue it reported with that work's results while there is some:
+        with none, its last report may be long stale (a queue drained since), and a gateway that
+        refused on it would never hear otherwise; the replica judges the work itself as it comes."""
         estimates = [
-            (self.outstanding[index] + self.reported[index] + num_tokens) * rate
-            for index, (alive, rate) in enumerate(zip(self.alive, self.seconds_per_token))
+            (outstanding + (reported if outstanding else 0) + num_tokens) * rate
+            for alive, rate, outstanding, reported in zip(
+                self.alive, self.seconds_per_token, self.outstanding, self.reported
+            )
             if alive and rate is not None
         ]
         return min(estimates) if estimates else None

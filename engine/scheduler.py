@@ -49,6 +49,7 @@ class QueuedRequest:
     prefix: Sequence[int] | None = None
     spans: Sequence[Sequence[int] | None] | None = None  # per sequence (ScheduledSequence.spans)
     first_rows: bool = False  # every sequence's ScheduledSequence.first_row
+    deadline: float | None = None  # (time.perf_counter) set by Scheduler.submit
     taken: int = 0  # sequences already in batches
     remaining_tokens: int = 0  # the prefix counted once, until a batch first takes it
 
@@ -85,7 +86,9 @@ class Scheduler:
     """Strict FIFO over sequences: a batch takes sequences from the front while they fit; the first
     one that does not fit stays at the front and closes the batch. A cancelled request's sequences
     not yet taken are dropped. With a ServiceRate, a request with a deadline is admitted only while the
-    work queued ahead of it plus its own is estimated to finish before it."""
+    work queued ahead of it plus its own is estimated to finish before it; and one that, come to the
+    front, would no longer finish before it (the host slowed the engine after its admission) is not run
+    but set aside, for its owner to refuse (take_expired): never answered late, and no batch spent on it."""
 
     def __init__(
         self,
@@ -99,6 +102,7 @@ class Scheduler:
         self.max_queue_tokens = max_queue_tokens
         self.rate = rate
         self._queue: deque[QueuedRequest] = deque()
+        self._expired: list[tuple[QueuedRequest, float, float]] = []
         self._queued_tokens = 0
         self._stopped = False
         self._woken = False
@@ -130,6 +134,7 @@ class Scheduler:
                     if estimate * self.rate.margin > ADMIT_SHARE * left:
                         raise BehindDeadline(estimate * self.rate.margin, left)
                     judged = estimate, left
+            request.deadline = deadline
             self._queue.append(request)
             self._queued_tokens += num_tokens
             self._condition.notify()
@@ -142,6 +147,15 @@ class Scheduler:
             self._condition.wait_for(lambda: self._queue or self._stopped or self._woken, timeout=timeout)
             self._woken = False
             return self._take_batch()
+
+    def take_expired(self) -> list[tuple[QueuedRequest, float, float]]:
+        """The requests set aside since the last call, with the estimate (its margin included) and the
+        time left that judged each."""
+        if not self._expired:  # the usual case, read without the lock: the batching thread sets them
+            return []
+        with self._condition:
+            expired, self._expired = self._expired, []
+        return expired
 
     def stop(self) -> None:
         with self._condition:
@@ -165,7 +179,7 @@ class Scheduler:
         prefix_at = -1
         while self._queue and len(batch) < self.max_batch_seqs:
             head = self._queue[0]
-            if head.is_cancelled():
+            if head.is_cancelled() or (head.taken == 0 and self._expires(head)):
                 self._queue.popleft()
                 self._queued_tokens -= head.remaining_tokens
                 continue
@@ -195,3 +209,17 @@ class Scheduler:
             if num_tokens >= self.max_batch_tokens:
                 break
         return batch
+
+    def _expires(self, request: QueuedRequest) -> bool:
+        """Whether `request`, at the front, would come back after its deadline (its own work at the rate,
+        stretched by its margin, behind what is left of the batch on the device); if so it is set aside."""
+        if request.deadline is None or self.rate is None:
+            return False
+        estimate = self.rate.seconds_for(request.remaining_tokens)
+        if estimate is None:
+            return False
+        left = request.deadline - time.perf_counter()
+        if estimate * self.rate.margin <= left:
+            return False
+        self._expired.append((request, estimate * self.rate.margin, left))
+        return True

@@ -113,3 +113,15 @@ def test_a_timeout_of_zero_lets_any_request_run(served, monkeypatch):
     monkeypatch.setattr(server, "config", dataclasses.replace(server.config, request_timeout=0))
     response = client.post("/v1/embeddings", content=body(200))  # about 2 s of work
     assert response.status_code == 200 and len(response.json()["data"]) == 200
+
+
+def test_work_that_overruns_its_estimate_gets_its_504_at_the_timeout_never_a_late_200(served):
+    client, engine, _ = served
+    client.post("/v1/embeddings", content=body(10))  # measured at 0.1 ms a token
+    engine.runner.seconds_per_token = 1.2e-3  # then the host slows the model twelve times
+    try:
+        # 1,000 tokens: 0.1 s as estimated, admitted; 1.2 s as run, past the 1 s timeout
+        status, _, seconds = client.blocking_portal.call(post, client.app, "/v1/embeddings", body(10))
+    finally:
+        engine.runner.seconds_per_token = SECONDS_PER_TOKEN
+    assert status == 504 and TIMEOUT_S <= seconds < TIMEOUT_S + 0.15, (status, seconds)

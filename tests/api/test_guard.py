@@ -45,6 +45,9 @@ class UnreachableEngine:
     def estimate_seconds(self, num_tokens):
         raise AssertionError("a request over --max-request-tokens reached the engine")
 
+    def backlog_seconds(self, num_tokens):  # asked before anything is queued
+        return None
+
     def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise AssertionError("a request over --max-request-tokens reached the engine")
 

@@ -21,6 +21,9 @@ class FaultyEngine:
     def estimate_seconds(self, num_tokens):
         return None
 
+    def backlog_seconds(self, num_tokens):  # asked before anything is queued
+        return None
+
     def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise self.error
 

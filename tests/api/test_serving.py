@@ -88,6 +88,9 @@ class FullEngine:
     def estimate_seconds(self, num_tokens):
         return None
 
+    def backlog_seconds(self, num_tokens):  # asked before anything is queued
+        return None
+
     def enqueue(self, token_ids, token_type_ids=None, deadline=None):
         raise Overloaded(queued_tokens=10, max_queue_tokens=10, retry_after_s=2)
 

@@ -142,3 +142,51 @@ def test_the_backlog_estimate_counts_the_queue_and_the_margin():
     assert engine.backlog_seconds(100) == pytest.approx(100 * SECONDS_PER_TOKEN * MAX_MARGIN)
     engine.scheduler.submit(QueuedRequest([[1] * 500]))
     assert engine.backlog_seconds(100) == pytest.approx(600 * SECONDS_PER_TOKEN * MAX_MARGIN)
+
+
+def test_admitted_work_that_the_host_slowed_is_set_aside_at_the_front_not_batched():
+    rate = ServiceRate(max_batch_tokens=1000)
+    rate.observe(1000, 0.1)  # 0.1 ms a token
+    for _ in range(MIN_CHECKED):
+        rate.observe_request(1.0, 1.0)  # the margin is 1
+    scheduler = Scheduler(1000, 64, 10**6, rate)
+    left = 1.0
+    large = QueuedRequest([[1] * 1000] * 5, owner="large")  # 0.5 s: admitted
+    assert scheduler.submit(large, time.perf_counter() + left) is not None
+    small = QueuedRequest([[1] * 100], owner="small")
+    assert scheduler.submit(small, time.perf_counter() + left) is not None
+    for _ in range(40):  # then the host slows the engine five times over
+        rate.observe(1000, 0.5)
+    batch = scheduler.next_batch(timeout=0)
+    # the large one would now take 2.5 s of its 1 s: set aside, its tokens released; the small one runs
+    assert [sequence.owner for sequence in batch] == ["small"] and scheduler.queued_tokens == 0
+    [(expired, estimate, left_then)] = scheduler.take_expired()
+    assert expired is large and estimate == pytest.approx(2.5) and 0.9 < left_then <= left
+    assert scheduler.take_expired() == []
+
+
+def test_the_engine_refuses_what_it_set_aside_at_once_and_never_runs_it():
+    ran: list[int] = []
+    engine = Engine(TimedRunner(SECONDS_PER_TOKEN), CONFIG, on_batch=lambda tokens, _: ran.append(tokens))
+    engine.start()
+
+    async def main():
+        await engine.run([[1] * 1000])  # measured: 0.1 ms a token
+        for _ in range(MIN_CHECKED):
+            engine.rate.observe_request(1.0, 1.0)
+        ran.clear()
+        ahead = engine.enqueue([[1] * 1000])
+        submitted = time.perf_counter()
+        late = engine.enqueue([[2] * 1000] * 3, None, submitted + 1.0)  # 0.4 s with the queue: admitted
+        for _ in range(40):  # then the host slows the engine ten times, as its batches measure
+            engine.rate.observe(1000, 1.0)
+        with pytest.raises(BehindDeadline, match="--request-timeout"):
+            await late
+        assert time.perf_counter() - submitted < 1.0  # refused before its deadline, not answered late
+        await ahead
+        assert ran == [1000]  # the refused work never ran
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.stop()

@@ -263,7 +263,18 @@ def test_the_backlog_is_the_least_loaded_live_replicas_at_its_rate():
     )
     assert pool.backlog_seconds(100) is None  # none has reported a rate
     pool.seconds_per_token = [1e-3, 2e-3, None]
-    pool.reported, pool.outstanding = [900, 100, 0], [100, 0, 0]
-    assert pool.backlog_seconds(100) == pytest.approx(min(1100 * 1e-3, 200 * 2e-3))
+    pool.reported, pool.outstanding = [900, 100, 0], [100, 50, 0]
+    assert pool.backlog_seconds(100) == pytest.approx(min(1100 * 1e-3, 250 * 2e-3))
     pool.alive[1] = False
     assert pool.backlog_seconds(100) == pytest.approx(1100 * 1e-3)
+
+
+def test_a_replicas_report_counts_only_while_this_gateway_has_work_on_it():
+    """A report comes with this gateway's results: with none in flight, the last may be long stale (the
+    queue drained since), and a gateway refusing on it would never hear otherwise."""
+    pool = ReplicaPool(["unused-0.sock"], chunk_tokens=10, max_sequence_tokens=100)
+    pool.seconds_per_token = [1e-3]
+    pool.reported, pool.outstanding = [5000], [0]
+    assert pool.backlog_seconds(100) == pytest.approx(100 * 1e-3)
+    pool.outstanding = [200]
+    assert pool.backlog_seconds(100) == pytest.approx(5300 * 1e-3)
