@@ -86,4 +86,3 @@ class LazyTensor:
         if self._finite is None:
             self._finite = bool(np.isfinite(self.result()).all())
         return self._finite
-

@@ -16,7 +16,8 @@ MAX_HIDDEN = 8192  # one row per program: wider rows take the torch ops
 
 
 class AddLayerNorm(nn.LayerNorm):
-    # the rows from which the next projection runs in FP8: the norm writes its input (Backbone.fuse_fp8_inputs)
+    # the rows from which the next projection runs in FP8: the norm writes its input
+    # (Backbone.fuse_fp8_inputs)
     quantize_from: float = NEVER
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -81,7 +81,7 @@ def measure(layer: Fp8Linear, sizes: Sequence[int], fed: bool = False) -> list[T
         for rows in sizes:
             x = torch.randn(rows, layer.in_features, device=weight.device, dtype=weight.dtype)
             quantized = quantize_rows(x) if fed else None
-            fp8 = gpu_seconds(lambda x: layer(quantized if quantized is not None else x), x)
+            fp8 = gpu_seconds(lambda x, fed_x=quantized: layer(fed_x if fed_x is not None else x), x)
             timings.append((rows, gpu_seconds(layer.linear, x), fp8))
         return timings
     finally:

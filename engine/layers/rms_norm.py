@@ -44,7 +44,8 @@ class AddRMSNorm(RMSNorm):
     residual (the first block) it is (RMSNorm(x), x). From quantize_from rows on, the normalized rows come as
     Fp8Rows."""
 
-    # the rows from which the next projection runs in FP8: the norm writes its input (Backbone.fuse_fp8_inputs)
+    # the rows from which the next projection runs in FP8: the norm writes its input
+    # (Backbone.fuse_fp8_inputs)
     quantize_from: float = NEVER
 
     def forward(  # type: ignore[override]
