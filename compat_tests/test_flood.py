@@ -19,7 +19,7 @@ from .contract import MODEL
 
 TIMEOUT_S = 5.0
 NUM_CLIENTS = 64
-DURATION_S = 15.0
+DURATION_S = 12.0
 TEXTS_A_REQUEST = 32
 # the test's own clients share the server's cores: one of them reads its answer at most this late
 CLIENT_SLACK_S = 0.5

@@ -1,5 +1,5 @@
 """posy on Ray, against a local Ray cluster the test starts (4 logical CPUs, a 300 MB object store, loopback
-only): `posy embed --ray` through Ray Data gives /v1/embeddings' vectors for the 20,000-row corpus, and
+only): `posy embed --ray` through Ray Data gives /v1/embeddings' vectors for the 8,000-row corpus, and
 `posy serve --ray` runs 2 Serve replicas that the openai and cohere SDKs drive like a plain `posy serve`."""
 
 from __future__ import annotations
