@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from litestar import Request
@@ -17,6 +17,8 @@ from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
 from api.timing import times_of
 from api.tokenizer_pool import StartBy, TokenizerBehind
 from engine.errors import BehindDeadline, NeverInTime
+from engine.interface import EngineInterface
+from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.request import EngineOutput
 from engine.scheduler import ADMIT_SHARE
 
@@ -31,29 +33,8 @@ WATCH_AFTER_S = 0.005
 TOKENIZE_SHARE = 0.5
 
 
-class Enqueuing(Protocol):
-    """What the guard needs of an engine: Engine in process, ReplicaPool across processes."""
-
-    def enqueue(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        deadline: float | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
-    ) -> asyncio.Future[EngineOutput]: ...
-
-    def estimate_seconds(self, num_tokens: int) -> float | None: ...
-
-    def backlog_seconds(self, num_tokens: int) -> float | None: ...
-
-    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool: ...
-
-    def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int: ...
-
-
 class RequestGuard:
-    """Stands in for the engine (a SequenceRunner) during one request. `run` refuses more than
+    """The engine as one request sees it (an EngineInterface, which scoring runs on). `run` refuses more than
     max_request_tokens over the request's runs (counted as the engine will run them: a shared prefix once
     a batch), and work that would outlast --request-timeout even on an idle engine, before anything is
     queued; the engine refuses (429) what its queue could not finish in the time left, and what come to
@@ -66,7 +47,7 @@ class RequestGuard:
     refused as the guard is made, before its inputs are tokenized: under a flood of clients that never
     back off, a refusal then costs the loop its body's decoding, not its tokenization."""
 
-    def __init__(self, engine: Enqueuing, request: Request, config: ServerConfig):
+    def __init__(self, engine: EngineInterface, request: Request, config: ServerConfig):
         self.engine = engine
         self.receive = request.receive
         self.max_request_tokens = config.max_request_tokens
@@ -79,6 +60,7 @@ class RequestGuard:
             self._refuse_if_behind()
         self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
         self.num_tokens = 0  # the tokens the model ran for the request (its usage)
+        self._working: set[asyncio.Future] = set()  # its engine calls in flight
 
     def _refuse_if_behind(self) -> None:
         """BehindDeadline where the engine would refuse work of a single token now: its queue alone takes
@@ -121,17 +103,66 @@ class RequestGuard:
         finally:
             self.times.add_tokenization(time.perf_counter() - started)
 
+    # the engine's own, as it is
+    @property
+    def output(self) -> HeadOutput:
+        return self.engine.output
+
+    def estimate_seconds(self, num_tokens: int) -> float | None:
+        return self.engine.estimate_seconds(num_tokens)
+
+    def backlog_seconds(self, num_tokens: int) -> float | None:
+        return self.engine.backlog_seconds(num_tokens)
+
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
         return self.engine.shares_prefix(prefix_length, lengths)
+
+    def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
+        return self.engine.tokens_to_run(lengths, prefix_length)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self.engine.queued_tokens
+
+    @property
+    def accepting(self) -> bool:
+        return self.engine.accepting
+
+    def describe(self) -> dict[str, str]:
+        return self.engine.describe()
+
+    # the request's own
+    def stop(self) -> None:
+        """Drop what the request still has queued (its calls then raise CancelledError)."""
+        for work in self._working:
+            work.cancel()
+
+    def enqueue(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None = None,
+        deadline: float | None = None,
+        rows: RowRequest = ALL_ROWS,
+    ) -> asyncio.Future[EngineOutput]:
+        """run(), as a task (its deadline is the request's, not `deadline`)."""
+        return asyncio.ensure_future(self._output(token_ids, token_type_ids, rows))
 
     async def run(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
+        rows: RowRequest = ALL_ROWS,
     ) -> np.ndarray:
+        return (await self._output(token_ids, token_type_ids, rows)).rows
+
+    async def _output(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int] | None] | None,
+        rows: RowRequest,
+    ) -> EngineOutput:
         lengths = list(map(len, token_ids))
+        prefix = rows.prefix
         num_tokens = sum(lengths) if prefix is None else self.engine.tokens_to_run(lengths, len(prefix))
         self.num_tokens_asked += num_tokens
         if self.num_tokens_asked > self.max_request_tokens:
@@ -141,14 +172,9 @@ class RequestGuard:
             if estimate is not None and estimate > self.timeout_s:
                 raise NeverInTime(estimate, self.timeout_s)
         submitted = time.perf_counter()
-        deadline = self.engine_deadline
-        if prefix is None and spans is None:
-            work = self.engine.enqueue(token_ids, token_type_ids, deadline)
-        elif spans is None:  # only where the engine shares_prefix
-            work = self.engine.enqueue(token_ids, token_type_ids, deadline, prefix=prefix)
-        else:  # late chunking
-            work = self.engine.enqueue(token_ids, token_type_ids, deadline, spans=spans)
+        work = self.engine.enqueue(token_ids, token_type_ids, self.engine_deadline, rows)
         watch = _Watch(work, self.receive, self.deadline)
+        self._working.add(work)
         try:
             output = await work
         except asyncio.CancelledError:
@@ -157,6 +183,7 @@ class RequestGuard:
             watch.raise_outcome(time.perf_counter() - self.times.arrived, self.timeout_s)
         finally:
             watch.stop()
+            self._working.discard(work)
         waited = time.perf_counter() - self.times.arrived
         if self.deadline is not None and waited > self.timeout_s:
             # rows that beat the deadline's timer on a busy loop are still late: never a late 200
@@ -164,7 +191,7 @@ class RequestGuard:
         self.times.add_engine(output.queue_s, output.inference_s)
         self.times.add_rows_back(submitted, output.queue_s, output.inference_s)
         self.num_tokens += output.num_tokens
-        return output.rows
+        return output
 
 
 class _Watch:

@@ -11,6 +11,7 @@ import numpy as np
 from api.errors import InputTooLong, InvalidInput
 from api.guard import RequestGuard
 from api.tokenize import TextEncoder
+from engine.outputs import RowRequest
 
 
 async def late_chunked_vectors(
@@ -40,7 +41,7 @@ async def late_chunked_vectors(
         sequences.append([*head, *(token for index in group for token in chunks[index]), *tail])
         spans.append(boundaries or None)
         kept.append((1 if head else 0, len(group)))
-    rows = await guard.run(sequences, spans=spans)
+    rows = await guard.run(sequences, rows=RowRequest(spans=spans))
     vectors, row = [], 0
     for (skip, count), boundaries in zip(kept, spans):
         vectors.append(rows[row + skip : row + skip + count])

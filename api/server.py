@@ -15,14 +15,14 @@ from tokenizers import Tokenizer
 from api.config import ServerConfig, engine_config_for
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
-from api.models import DenseView, ModelRegistry, ServedModel, listwise_model
+from api.models import ModelRegistry, ServedModel, listwise_model
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError
-from engine.replica_pool import ReplicaPool
+from engine.interface import EngineInterface
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
 from engine.source import ModelSource
 from engine.spec import ModelSpec
@@ -127,8 +127,7 @@ class Server:
                     names=names,
                     spec=spec,
                     encoder=encoder,
-                    engine=DenseView(engine) if spec.m3 else engine,
-                    token_engine=engine,
+                    engine=engine,
                     late_interaction=late,
                     listwise=listwise_model(spec, encoder, engine),
                 )
@@ -183,7 +182,7 @@ class Server:
 
     def _engine_here(
         self, index: int, spec: ModelSpec, engine_config: EngineConfig, name: str
-    ) -> Engine | ReplicaPool:
+    ) -> EngineInterface:
         """The engine in this process, or, in a gateway worker, the replicas it was handed (the replica
         processes of a server that runs its engines apart start in load(), all at once)."""
         if self._remote is not None:

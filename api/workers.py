@@ -58,7 +58,7 @@ class GatewaySupervisor:
                 signal.signal(signum, self._on_signal)
             self._gateways = [self._spawn(index) for index in range(self.config.api_workers)]
             described = [
-                (server.names(index, spec), spec, handles.description)
+                (server.names(index, spec), spec, handles.capabilities.description)
                 for index, (spec, handles) in enumerate(zip(specs, self._handles))
             ]
             logger.info("%s", startup_summary(self.config, engine_config, described, num_replicas))

@@ -62,7 +62,7 @@ class Case:
     # texts made of the served model's own prompts instead of random ids: (folder, count, smoke) -> ids
     texts: Callable[[Path, int, bool], list[list[int]]] | None = None
     speedup: float = 1.0  # the target: posy's tokens/s over the reference's at least this
-    first_rows: bool = False  # each text's first row only (Engine.enqueue's first_rows)
+    first_rows: bool = False  # each text's first row only (a RowRequest's first_rows)
 
 
 def colbert_lengths(count: int, smoke: bool) -> list[int]:
@@ -205,6 +205,7 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
     import torch
 
     from engine.build import build_engine
+    from engine.outputs import RowRequest
     from engine.resolve import resolve_model
 
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -223,7 +224,8 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
         loop = asyncio.new_event_loop()
 
         async def request() -> np.ndarray:
-            return (await engine.enqueue(sequences, prefix=query, first_rows=case.first_rows)).rows
+            rows = RowRequest(prefix=query, first_rows=case.first_rows)
+            return (await engine.enqueue(sequences, rows=rows)).rows
 
         def posy_rows() -> np.ndarray:
             return loop.run_until_complete(request())

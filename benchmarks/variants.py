@@ -301,6 +301,7 @@ def prefixes() -> None:
     from benchmarks.timing import timed
     from engine.build import build_engine
     from engine.config import sized_for
+    from engine.outputs import RowRequest
     from engine.resolve import resolve_model
 
     spec = resolve_model(str(save_qwen3(Path(tempfile.mkdtemp()), "qwen3-0.6b", "judge").folder))
@@ -319,7 +320,7 @@ def prefixes() -> None:
         for seed, (prefix_length, num_passages, passage_length) in enumerate(PREFIX_CASES):
             prefix = random_sequences([prefix_length], 2 * seed)[0]
             passages = random_sequences([passage_length] * num_passages, 2 * seed + 1)
-            shared = p50_ms(passages, prefix=prefix)
+            shared = p50_ms(passages, rows=RowRequest(prefix=prefix))
             whole = p50_ms([prefix + passage for passage in passages])
             saved = (num_passages - 1) * prefix_length / (num_passages * (prefix_length + passage_length))
             case = f"prefix {prefix_length} + {num_passages} x {passage_length}"

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
+
 
 @dataclass(slots=True)
 class PackedBatch:
@@ -79,22 +81,23 @@ def pack(
     token_ids: Sequence[Sequence[int]],
     token_type_ids: Sequence[Sequence[int] | None] | None = None,
     prefix_of: Sequence[int] | None = None,
-    query_only_token: int | None = None,
     spans: Sequence[Sequence[int] | None] | None = None,
-    row_tokens: Sequence[int] | None = None,
-    prefixes_scored: bool = False,
     first_rows: Sequence[bool] | None = None,
+    output: HeadOutput | None = None,
 ) -> PackedBatch:
-    """Lay sequences end to end on the host; `token_type_ids[i]` None means all zeros. `prefix_of[i]`
-    (-1: none) is an earlier sequence that sequence i continues: its positions go on from that prefix's
-    length, and its keys are the prefix's, then its own (AttentionMetadata.build). A sequence's trailing
-    run of `query_only_token` attends to the tokens before it but is no key (a ColBERT query's expansion:
-    a tokenized text ends with a special token, never with it). `spans[i]` (None: none) are the token
-    offsets inside sequence i where a new pooled span starts (late chunking). With `row_tokens`, the tokens
-    of those ids give the rows (`row_index`). With `prefixes_scored`, a sequence's prefix is not a text it
-    continues but the query it is scored against (`scored_against`): each runs as a sequence of its own.
-    With `first_rows`, sequence i of a token head gives its first row only where first_rows[i]
-    (`kept_rows`)."""
+    """Lay sequences end to end on the host, for a head that gives `output` (None: a row a sequence);
+    `token_type_ids[i]` None means all zeros. `prefix_of[i]` (-1: none) is an earlier sequence that
+    sequence i continues: its positions go on from that prefix's length, and its keys are the prefix's,
+    then its own (AttentionMetadata.build); where the head scores_prefix, it is instead the query that
+    sequence i is scored against (`scored_against`), and each runs as a sequence of its own. A sequence's
+    trailing run of the head's query_only_token attends to the tokens before it but is no key (a ColBERT
+    query's expansion: a tokenized text ends with a special token, never with it). `spans[i]` (None: none)
+    are the token offsets inside sequence i where a new pooled span starts (late chunking). A MARKER
+    head's row_tokens give the rows (`row_index`). With `first_rows`, sequence i of a token head gives its
+    first row only where first_rows[i] (`kept_rows`)."""
+    query_only_token = None if output is None else output.query_only_token
+    row_tokens = output.row_tokens if output is not None and output.rows == MARKER else None
+    prefixes_scored = output is not None and output.scores_prefix
     # Python ints for the per-sequence numbers: a batch of one short text (the latency case) then
     # costs a few numpy calls, not a dozen
     lengths = [len(ids) for ids in token_ids]
@@ -149,6 +152,20 @@ def pack(
 
 def row_positions(flat_ids: np.ndarray, row_tokens: Sequence[int]) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(np.isin(flat_ids, row_tokens)))
+
+
+def rows_per_sequence(
+    output: HeadOutput, token_ids: Sequence[Sequence[int]], rows: RowRequest
+) -> list[int] | None:
+    """How many rows each sequence of a request gives a head of `output`, asked for `rows`; None: one each
+    (a pooled head's; a token head's with a prefix it is scored against, or its first rows only)."""
+    if rows.spans is not None:
+        return list(map(num_spans, rows.spans))
+    if output.rows == MARKER:
+        return [count_row_tokens(ids, output.row_tokens) for ids in token_ids]
+    if output.rows == TOKEN and rows.prefix is None and not rows.first_rows:
+        return list(map(len, token_ids))
+    return None
 
 
 def count_row_tokens(ids: Sequence[int], row_tokens: Sequence[int]) -> int:
@@ -207,3 +224,16 @@ def check_prefixes(prefixes: np.ndarray, num_seqs: int) -> None:
         raise ValueError("a sequence's prefix must come before it in the batch")
     if has.any() and (prefixes[prefixes[has]] >= 0).any():
         raise ValueError("a prefix cannot itself continue a prefix")
+
+
+def sequence_rows(output: HeadOutput, sequence) -> int:
+    """How many rows a ScheduledSequence of a batch gives a head of `output`, as pack laid it out: a span
+    each (one without spans); a marker each; or, a token head's, a row a token, one (its score) where it
+    is scored against its prefix or gave its first row only, none for that prefix (the query)."""
+    if output.rows == MARKER:
+        return count_row_tokens(sequence.token_ids, output.row_tokens)
+    if output.rows == TOKEN:
+        if sequence.is_prefix:
+            return 0
+        return 1 if sequence.prefix_at >= 0 or sequence.first_row else len(sequence.token_ids)
+    return num_spans(sequence.spans)

@@ -14,6 +14,7 @@ from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
 from engine.models.registry import spec_entry
+from engine.outputs import SEQUENCE
 from engine.prefixes import MIN_SAVED_TOKENS_EAGER, MIN_SAVED_TOKENS_GRAPHS
 from engine.progress import progress
 from engine.runner import ModelRunner
@@ -74,7 +75,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     # a causal model's sequences may continue a prefix they share, where the backend lays keys apart
     # (in CUDA graphs of their own too); rerank and /score send them so where it pays (engine/prefixes.py)
     causal = bool(getattr(model.backbone.config, "causal", False))
-    engine.runs_prefixes = backend.reads_key_layout and causal and engine.row_tokens is None
+    engine.runs_prefixes = backend.reads_key_layout and causal and engine.output.rows == SEQUENCE
     engine.shares_prefixes = engine.runs_prefixes and config.shared_prefixes
     engine.min_saved_tokens = MIN_SAVED_TOKENS_EAGER if graphs is None else MIN_SAVED_TOKENS_GRAPHS
     if engine.shares_prefixes:

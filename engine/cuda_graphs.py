@@ -172,7 +172,7 @@ class GraphCache:
         """`attention`: the model's backend; `max_seqlen`: the model window, the longest real sequence a
         batch can hold."""
         self.model = model
-        self.token_rows = getattr(model, "token_rows", False)  # a row a token, not a sequence
+        self.token_rows = model.output.token_rows  # a row a token, not a sequence
         self.attention = attention
         self.config = config
         self.device = device

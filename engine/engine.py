@@ -15,10 +15,11 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.batch import check_spans, count_row_tokens, num_spans, pack
+from engine.batch import check_spans, pack, rows_per_sequence, sequence_rows
 from engine.config import EngineConfig
 from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
 from engine.lazy import LazyTensor
+from engine.outputs import ALL_ROWS, SEQUENCE, HeadOutput, RowRequest
 from engine.prefixes import (
     MIN_SAVED_TOKENS_EAGER,
     SCORED_BY_MAX_SIM,
@@ -26,6 +27,7 @@ from engine.prefixes import (
     prefix_pays,
     tokens_to_run,
 )
+from engine.replica_protocol import Capabilities
 from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
@@ -87,18 +89,7 @@ class Engine:
         self.runs_prefixes = False
         self.shares_prefixes = False
         self.min_saved_tokens = MIN_SAVED_TOKENS_EAGER
-        # what the model gives: a row a token (ColBERT, bge-m3) or a sequence; and the token whose trailing
-        # run in a sequence is query-only (a ColBERT query's expansion, batch.pack)
-        self.token_rows: bool = getattr(runner, "token_rows", False)
-        self.query_only_token: int | None = getattr(runner, "query_only_token", None)
-        # the tokens that give rows, a row each, where the head reads chosen tokens (a listwise ranker's
-        # markers); None: a row a sequence or a token
-        self.row_tokens: tuple[int, ...] | None = getattr(runner, "row_tokens", None)
-        # a token head that scores sequences against a query by MaxSim on the device: a request's prefix
-        # is that query (run once a batch, on its own), and each sequence gives one row, its score
-        self.scores_prefixes: bool = getattr(runner, "scores_prefixes", False)
-        # pools a sequence's spans apart where asked (late chunking: an embedder that mean-pools)
-        self.pools_spans: bool = getattr(runner, "pools_spans", False)
+        self.output: HeadOutput = runner.output  # what the model gives (engine/outputs.py)
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
@@ -121,9 +112,14 @@ class Engine:
             "replicas": "1",
             "shared_prefixes": describe_rule(self.min_saved_tokens if self.shares_prefixes else None),
         }
-        if self.scores_prefixes:
+        if self.output.scores_prefix:
             described["prefixes"] = SCORED_BY_MAX_SIM
         return described
+
+    def capabilities(self) -> Capabilities:
+        """What it gives and does, for a replica's gateways (engine/replica_protocol.py)."""
+        shared_from = self.min_saved_tokens if self.shares_prefixes else None
+        return Capabilities(self.output, shared_from, self.describe())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="posy-engine", daemon=True)
@@ -166,31 +162,29 @@ class Engine:
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
+        rows: RowRequest = ALL_ROWS,
     ) -> np.ndarray:
-        """One row per sequence ([num_seqs, out_dim] float32; a token head's: one a token; with `spans`:
-        one a span), in order."""
-        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix, spans=spans)).rows
+        """The rows `rows` asks of the sequences (float32, in order: by default the head's, one a sequence
+        or one a token, HeadOutput.rows)."""
+        return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def enqueue(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
-        first_rows: bool = False,
+        rows: RowRequest = ALL_ROWS,
     ) -> asyncio.Future[EngineOutput]:
         """Queue the sequences now (refusals raise here) and return the future of their output, no task
         in between; cancelling the future drops what is still queued. `deadline` (time.perf_counter)
-        refuses work the queue could not finish before it (BehindDeadline, a 429). With `prefix`, each
-        sequence continues those tokens (where `runs_prefixes`): its row is that of prefix + sequence. With
-        `spans` (where `pools_spans`), sequence i gives a row for each of its spans: it starts one, and
-        so does each offset in spans[i]. With `first_rows`, a token head gives each sequence's first row
-        only (bge-m3's dense vector): the rest never leave the device."""
+        refuses work the queue could not finish before it (BehindDeadline, a 429). `rows` says what comes
+        back: with a prefix, each sequence continues those tokens (where `runs_prefixes`), its row that of
+        prefix + sequence, or is scored against them (where the head scores_prefix); with spans (where it
+        pools_spans), sequence i gives a row for each of its spans: it starts one, and so does each offset
+        in spans[i]; with first_rows, a token head gives each sequence's first row only (the rest never
+        leave the device); with columns, each row those columns only."""
         request = FutureRequest(len(token_ids), asyncio.get_running_loop())
-        self.submit(request, token_ids, token_type_ids, deadline, prefix, spans, first_rows)
+        self.submit(request, token_ids, token_type_ids, deadline, rows)
         return request.future
 
     def submit(
@@ -199,9 +193,7 @@ class Engine:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
-        first_rows: bool = False,
+        rows: RowRequest = ALL_ROWS,
     ) -> None:
         """Queue a request from any thread, or raise (Overloaded, SequenceTooLong, EngineStopped,
         ValueError) before anything is queued."""
@@ -211,41 +203,22 @@ class Engine:
         lengths = list(map(len, token_ids))
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
-        if prefix is not None:
-            runs = self.scores_prefixes or (
-                self.runs_prefixes and not self.token_rows and self.row_tokens is None
-            )
-            if not runs:
-                raise ValueError("this engine does not run shared prefixes")
-            if len(prefix) == 0 or token_type_ids is not None:
-                raise ValueError("a shared prefix has tokens, and its sequences no token types")
-        longest = max(lengths) + (0 if prefix is None else len(prefix))
+        check_rows(self.output, rows, lengths, self.runs_prefixes, token_type_ids is not None)
+        longest = max(lengths) + (0 if rows.prefix is None else len(rows.prefix))
         if longest > self.config.max_batch_tokens:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
             )
-        plain = prefix is None and spans is None and self.row_tokens is None
-        if first_rows and not (self.token_rows and plain):
-            raise ValueError("first rows are a token head's, of sequences without a prefix or spans")
-        if spans is not None:
-            if not self.pools_spans or prefix is not None:
-                raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
-            check_spans(spans, lengths)
-            request.expect_rows(list(map(num_spans, spans)))
-        elif self.row_tokens is not None:
-            counts = [count_row_tokens(ids, self.row_tokens) for ids in token_ids]
+        counts = rows_per_sequence(self.output, token_ids, rows)
+        if counts is not None:
             if min(counts) == 0:  # a request of no rows would never be answered
                 raise ValueError("every sequence of this model needs a token that gives a row")
             request.expect_rows(counts)
-        elif self.token_rows and prefix is None and not first_rows:
-            request.expect_rows(lengths)  # (with a prefix scored against, or first rows: a row a sequence)
+        request.columns = rows.columns
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         judged = self.scheduler.submit(
-            QueuedRequest(
-                token_ids, token_type_ids, request, request.is_cancelled, lengths, prefix, spans, first_rows
-            ),
-            deadline,
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, rows), deadline
         )
         # (a request back before this line is not checked: it was far inside its estimate anyway)
         if judged is not None and self.rate.checks(*judged):
@@ -311,15 +284,14 @@ class Engine:
             owner.num_tokens += len(sequence.token_ids)
         try:
             prefix_of = [sequence.prefix_at for sequence in batch]
+            output = self.output
             packed = pack(
                 [sequence.token_ids for sequence in batch],
                 [sequence.token_type_ids for sequence in batch],
                 prefix_of if max(prefix_of) >= 0 else None,
-                self.query_only_token,
-                [sequence.spans for sequence in batch] if self.pools_spans else None,
-                self.row_tokens,
-                self.scores_prefixes,
-                [sequence.first_row for sequence in batch] if self.token_rows else None,
+                [sequence.spans for sequence in batch] if output.pools_spans else None,
+                [sequence.first_row for sequence in batch] if output.takes_first_rows else None,
+                output,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -346,15 +318,11 @@ class Engine:
         # a request's sequences sit side by side in a batch (after its prefix, which has no row of the
         # request's): one hand-over per request
         batch, start = in_flight.batch, 0
-        # where each sequence's rows start: a row a sequence, or a row a token (token heads) or a span
+        # where each sequence's rows start: a row a sequence, or a row a token, a marker or a span
         row_starts: Sequence[int] = range(len(batch) + 1)
-        if self.row_tokens is not None:
-            counts = (count_row_tokens(seq.token_ids, self.row_tokens) for seq in batch)
+        if self.output.rows != SEQUENCE or in_flight.pooled_spans:
+            counts = (sequence_rows(self.output, sequence) for sequence in batch)
             row_starts = list(itertools.accumulate(counts, initial=0))
-        elif self.token_rows:
-            row_starts = list(itertools.accumulate(map(token_head_rows, batch), initial=0))
-        elif in_flight.pooled_spans:
-            row_starts = list(itertools.accumulate((num_spans(seq.spans) for seq in batch), initial=0))
         while start < len(batch):
             if batch[start].is_prefix:
                 start += 1
@@ -380,9 +348,21 @@ class Engine:
             self._fail(batch, EngineStopped("the engine stopped before this request ran"))
 
 
-def token_head_rows(sequence: ScheduledSequence) -> int:
-    """A token head's rows of a sequence: a row a token; one, its score, where it is scored against a
-    query (its prefix), or its first row where it asked for that only; none for that query."""
-    if sequence.is_prefix:
-        return 0
-    return 1 if sequence.prefix_at >= 0 or sequence.first_row else len(sequence.token_ids)
+def check_rows(
+    output: HeadOutput, rows: RowRequest, lengths: Sequence[int], runs_prefixes: bool, has_types: bool
+) -> None:
+    """ValueError where a head of `output` cannot give what `rows` asks of sequences of `lengths`."""
+    if rows.prefix is not None:
+        if not (output.scores_prefix or runs_prefixes):
+            raise ValueError("this engine does not run shared prefixes")
+        if len(rows.prefix) == 0 or has_types:
+            raise ValueError("a shared prefix has tokens, and its sequences no token types")
+    plain = rows.prefix is None and rows.spans is None
+    if rows.first_rows and not (output.takes_first_rows and plain):
+        raise ValueError("first rows are a token head's, of sequences without a prefix or spans")
+    if rows.spans is not None:
+        if not output.pools_spans or rows.prefix is not None:
+            raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
+        check_spans(rows.spans, lengths)
+    if rows.columns is not None and not 0 <= rows.columns[0] < rows.columns[1] <= output.width:
+        raise ValueError(f"columns {rows.columns} are not inside a row of {output.width}")

@@ -30,13 +30,9 @@ SCORED_BY_MAX_SIM = "scored by MaxSim"
 
 
 def describe_rule(min_saved_tokens: int | None) -> str:
-    """The rule as an engine's description gives it (for a replica pool and the metrics): the fewest saved
+    """The rule as an engine's description gives it (for logs and the metrics): the fewest saved
     tokens, or "off" where the engine shares no prefixes."""
     return "off" if min_saved_tokens is None else str(min_saved_tokens)
-
-
-def read_rule(description: str | None) -> int | None:
-    return None if description in (None, "off") else int(description)
 
 
 def prefix_pays(prefix_length: int, lengths: Sequence[int], min_saved_tokens: int) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
+from engine.outputs import RowRequest
 from engine.passing_thread import run_in_passing_thread
 from engine.replica_protocol import (
     Cancel,
@@ -31,11 +32,13 @@ from engine.replica_protocol import (
     FrameReader,
     Freed,
     Hello,
+    Refused,
     Result,
     Run,
     encoder,
     frame,
     replica_decoder,
+    write_start,
 )
 from engine.request import EngineOutput, EngineRequest
 from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
@@ -58,21 +61,13 @@ class ReplicaConfig:
     batch_observer: Callable[[str], Callable[[int, int], None] | None] | None = None
 
 
-# a replica that refuses its model writes this and the reason in its description, and exits with the code
-REFUSAL = b"refused: "
+# a replica that refuses its model writes a Refused and exits with this code
 REFUSED_EXIT_CODE = 2
 
 
-def refusal_of(description: bytes) -> str | None:
-    """The reason a replica refused its model, from its description; None where it did not."""
-    return description[len(REFUSAL) :].decode(errors="replace") if description.startswith(REFUSAL) else None
-
-
-def replica_main(config: ReplicaConfig, ready, description) -> None:
+def replica_main(config: ReplicaConfig, ready) -> None:
     """The spawned process's entry: `ready` (a multiprocessing Event) is set once the engine is warm,
-    after `description` (a shared character array) got the engine's describe() as JSON."""
-    import json
-
+    after its Capabilities are written (replica_protocol.write_start)."""
     import torch
 
     from engine.build import build_engine
@@ -90,9 +85,9 @@ def replica_main(config: ReplicaConfig, ready, description) -> None:
         # in a thread that exits: this main thread would otherwise slow the engine's CPU steps
         engine = run_in_passing_thread(lambda: build_engine(spec, config.engine, on_batch))
     except EngineError as error:  # a refusal (the model, its backend): the gateway says it, once
-        description.value = (REFUSAL + str(error).encode())[: len(description) - 1]
+        write_start(config.endpoint, Refused(str(error)))
         sys.exit(REFUSED_EXIT_CODE)
-    description.value = json.dumps(engine.describe()).encode()[: len(description) - 1]
+    write_start(config.endpoint, engine.capabilities())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     serve(engine, config.endpoint, ready, stop, parent=os.getppid())
@@ -218,7 +213,8 @@ class _Connection:
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
-            self.engine.submit(request, token_ids, token_types, deadline, prefix, spans, run.first_rows)
+            rows = RowRequest(prefix, spans, run.first_rows, run.columns)
+            self.engine.submit(request, token_ids, token_types, deadline, rows)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)

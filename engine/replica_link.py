@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.outputs import ALL_ROWS, RowRequest
 from engine.replica_protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
 from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
 
@@ -68,12 +69,11 @@ class ReplicaLink:
         token_type_ids: Sequence[Sequence[int] | None] | None,
         num_tokens: int,
         time_left_s: float | None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
-        first_rows: bool = False,
+        rows: RowRequest = ALL_ROWS,
     ) -> None:
-        """Write the chunk's lengths, ids (and types, and the prefix its sequences continue) into the
+        """Write the chunk's lengths, ids (and types, and its RowRequest's prefix and spans) into the
         request ring and send its Run; `num_tokens`: its sequences' tokens."""
+        prefix, spans = rows.prefix, rows.spans
         num_seqs = len(token_ids)
         lengths = np.fromiter(map(len, token_ids), dtype="<i4", count=num_seqs)
         ids = _flat(token_ids, num_tokens)
@@ -116,7 +116,8 @@ class ReplicaLink:
                 self.replies_read,
                 0 if prefix is None else len(prefix),
                 span_words,
-                first_rows,
+                rows.first_rows,
+                rows.columns,
             )
         )
 

@@ -19,9 +19,10 @@ import numpy as np
 
 from engine.batch import check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
-from engine.prefixes import SCORED_BY_MAX_SIM, prefix_pays, read_rule, split_by_tokens, tokens_to_run
+from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
+from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
 from engine.replica_link import ReplicaLink
-from engine.replica_protocol import Cancel, Failure, Result
+from engine.replica_protocol import Cancel, Capabilities, Failure, Result
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,11 @@ class _Request:
 class _Chunk:
     token_ids: Sequence[Sequence[int]]
     token_type_ids: Sequence[Sequence[int] | None] | None
-    prefix: Sequence[int] | None  # the request's shared prefix, which every chunk carries
+    rows: RowRequest  # its sequences' part of the request's (the prefix, which every chunk carries)
     num_tokens: int  # its sequences' and its prefix's
     request: _Request
     position: int  # in its request
     deadline: float | None
-    spans: Sequence[Sequence[int] | None] | None = None  # its sequences' (Engine.enqueue's)
-    first_rows: bool = False  # Engine.enqueue's
     replica: int = -1
     attempts: int = 0
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
@@ -68,7 +67,8 @@ class ReplicaPool:
         self.endpoints = list(endpoints)
         self.chunk_tokens = chunk_tokens
         self.max_sequence_tokens = max_sequence_tokens
-        self.description: dict[str, str] = {}  # how the replicas run, as their engines describe it
+        # what the replicas' engines give and do, as they told it at their start (ReplicaSet sets it)
+        self.capabilities: Capabilities | None = None
         num_replicas = len(self.endpoints)
         self.outstanding = [0] * num_replicas  # tokens this gateway has in flight on each replica
         self.reported = [0] * num_replicas  # queued tokens each replica last reported
@@ -85,14 +85,24 @@ class ReplicaPool:
     def queued_tokens(self) -> int:
         return sum(self.reported)
 
+    @property
+    def output(self) -> HeadOutput:
+        """What the replicas' head gives (engine/outputs.py)."""
+        return self._capabilities().output
+
     def describe(self) -> dict[str, str]:
-        return {**self.description, "replicas": str(len(self.endpoints))}
+        return {**self._capabilities().description, "replicas": str(len(self.endpoints))}
 
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
-        """As Engine.shares_prefix, for the replicas' engines (their description says whether they run
-        shared prefixes)."""
-        min_saved_tokens = read_rule(self.description.get("shared_prefixes"))
+        """As Engine.shares_prefix, for the replicas' engines (their capabilities say from how many saved
+        tokens they run shared prefixes)."""
+        min_saved_tokens = self._capabilities().shared_prefixes_from
         return min_saved_tokens is not None and prefix_pays(prefix_length, lengths, min_saved_tokens)
+
+    def _capabilities(self) -> Capabilities:
+        if self.capabilities is None:
+            raise EngineStopped("the engine replicas have not started")
+        return self.capabilities
 
     def tokens_to_run(self, lengths: Sequence[int], prefix_length: int = 0) -> int:
         """The tokens a request runs in chunks of chunk_tokens: its shared prefix once a chunk."""
@@ -125,34 +135,31 @@ class ReplicaPool:
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
+        rows: RowRequest = ALL_ROWS,
     ) -> np.ndarray:
         """As Engine.run: rows in the order given."""
-        return (await self.enqueue(token_ids, token_type_ids, prefix=prefix, spans=spans)).rows
+        return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def enqueue(
         self,
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         deadline: float | None = None,
-        prefix: Sequence[int] | None = None,
-        spans: Sequence[Sequence[int] | None] | None = None,
-        first_rows: bool = False,
+        rows: RowRequest = ALL_ROWS,
     ) -> asyncio.Future[EngineOutput]:
         """Send the request's chunks now and return the future of its output (the slowest chunk's queue
-        and inference times, the tokens all ran); cancelling it cancels every chunk on its replica. With
-        `prefix`, each chunk's sequences continue it (where the replicas run shared prefixes); `spans`, as
-        Engine.enqueue's, go with their sequences; so does `first_rows`, to every chunk."""
+        and inference times, the tokens all ran); cancelling it cancels every chunk on its replica. `rows`,
+        as Engine.enqueue's, goes with every chunk: its prefix whole, its spans with their sequences."""
         lengths = [len(ids) for ids in token_ids]
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
-        if spans is not None:
-            check_spans(spans, lengths)
+        if rows.spans is not None:
+            check_spans(rows.spans, lengths)
+        prefix = rows.prefix
         prefix_length = 0 if prefix is None else len(prefix)
-        runs_prefixes = read_rule(self.description.get("shared_prefixes")) is not None
-        scores_prefixes = self.description.get("prefixes") == SCORED_BY_MAX_SIM
-        if prefix is not None and not runs_prefixes and not scores_prefixes:
+        capabilities = self._capabilities()
+        runs_prefixes = capabilities.shared_prefixes_from is not None
+        if prefix is not None and not runs_prefixes and not capabilities.output.scores_prefix:
             raise ValueError("the engine replicas do not run shared prefixes")
         if max(lengths) + prefix_length > self.max_sequence_tokens:
             raise SequenceTooLong(
@@ -166,10 +173,10 @@ class ReplicaPool:
         for start, end in split_by_tokens(lengths, self.chunk_tokens, prefix_length):
             types = None if token_type_ids is None else token_type_ids[start:end]
             num_tokens = sum(lengths[start:end]) + prefix_length
+            position = len(request.chunks)
             chunk = _Chunk(
-                token_ids[start:end], types, prefix, num_tokens, request, len(request.chunks), deadline,
-                None if spans is None else spans[start:end], first_rows,
-            )  # fmt: skip
+                token_ids[start:end], types, rows.sliced(start, end), num_tokens, request, position, deadline
+            )
             request.chunks.append(chunk)
         request.parts = [None] * len(request.chunks)
         request.num_pending = len(request.chunks)
@@ -251,11 +258,11 @@ class ReplicaPool:
         self.outstanding[replica] += chunk.num_tokens
         self.chunks_sent[replica] += 1
         time_left = None if chunk.deadline is None else chunk.deadline - time.perf_counter()
-        num_sequence_tokens = chunk.num_tokens - (0 if chunk.prefix is None else len(chunk.prefix))
+        prefix = chunk.rows.prefix
+        num_sequence_tokens = chunk.num_tokens - (0 if prefix is None else len(prefix))
         link.send_run(
-            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.prefix,
-            chunk.spans, chunk.first_rows,
-        )  # fmt: skip
+            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.rows
+        )
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
         chunk = self._pending.pop(chunk_id, None)

@@ -6,11 +6,53 @@ balance and estimate on fresh numbers."""
 
 from __future__ import annotations
 
+import os
 import struct
+from pathlib import Path
 
 import msgspec
 
+from engine.outputs import HeadOutput
+
 LENGTH = struct.Struct("<I")
+
+
+class Capabilities(msgspec.Struct, tag="capabilities", array_like=True):
+    """What a replica's engine gives and does, as it tells its ReplicaSet once warm: its head's output,
+    the fewest saved tokens from which callers should send sequences as continuations of a shared prefix
+    (None: it runs none), and how it runs, for logs and metrics (Engine.describe)."""
+
+    output: HeadOutput
+    shared_prefixes_from: int | None
+    description: dict[str, str]
+
+
+class Refused(msgspec.Struct, tag="refused", array_like=True):
+    """A replica that refused its model (its config, its backend): why, for the gateway to say once."""
+
+    reason: str
+
+
+def start_file(endpoint: str) -> Path:
+    """Where a replica listening on `endpoint` writes its Capabilities or its Refused."""
+    return Path(f"{endpoint}.start")
+
+
+def write_start(endpoint: str, message: Capabilities | Refused) -> None:
+    """Whole or not at all: a reader never sees half of it."""
+    path = start_file(endpoint)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(msgspec.msgpack.encode(message))
+    os.replace(partial, path)
+
+
+def read_start(endpoint: str) -> Capabilities | Refused | None:
+    """What the replica on `endpoint` wrote at its start; None before it has."""
+    try:
+        data = start_file(endpoint).read_bytes()
+    except FileNotFoundError:
+        return None
+    return msgspec.msgpack.decode(data, type=Capabilities | Refused)
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True):
@@ -28,7 +70,8 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
     prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
     `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
-    boundaries (Engine.submit's `spans`); or the file `spill`. `first_rows`: Engine.submit's."""
+    boundaries (Engine.submit's `spans`); or the file `spill`. `first_rows` and `columns`: the rest of
+    Engine.submit's RowRequest."""
 
     id: int
     num_seqs: int
@@ -42,6 +85,7 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     prefix_tokens: int = 0
     span_words: int = 0
     first_rows: bool = False
+    columns: tuple[int, int] | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -6,7 +6,6 @@ ReplicaHandles, and learn of deaths and restarts from each replica's liveness in
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -19,8 +18,9 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.replica import ReplicaConfig, refusal_of, replica_main
+from engine.replica import ReplicaConfig, replica_main
 from engine.replica_pool import ReplicaPool
+from engine.replica_protocol import Capabilities, Refused, read_start, start_file
 from engine.shm_ring import memory_folder
 from engine.source import ModelSource
 
@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels
 WATCH_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 30.0
-DESCRIPTION_BYTES = 512
 LIVENESS_POLL_S = 0.25  # deaths also show at once as a closed connection; this is for returns
 
 
@@ -84,7 +83,6 @@ class ReplicaSet:
             max_sequence_tokens=engine_config.max_batch_tokens,
         )
         self.processes: list = [None] * num_replicas
-        self._descriptions: list = [None] * num_replicas
         self.num_restarts = [0] * num_replicas
         # per replica: alive (0 or 1), then its generation (restarts so far); read by other processes
         self.liveness = self._context.Array("q", 2 * num_replicas)
@@ -107,7 +105,9 @@ class ReplicaSet:
         """Return once every spawned replica is warm (or raise), and watch them from then on."""
         for index, ready in enumerate(self._started):
             self._wait_ready(index, ready)
-        self.pool.description = json.loads(self._descriptions[0].value.decode())
+        started = read_start(self.configs[0].endpoint)
+        assert isinstance(started, Capabilities)  # written before the replica said it was ready
+        self.pool.capabilities = started
         self._watcher = threading.Thread(target=self._watch, name="posy-replicas", daemon=True)
         self._watcher.start()
 
@@ -115,7 +115,7 @@ class ReplicaSet:
         """What a gateway in another process needs to run requests on these (started) replicas."""
         return ReplicaHandles(
             endpoints=tuple(config.endpoint for config in self.configs),
-            description=dict(self.pool.description),
+            capabilities=self.pool.capabilities,
             chunk_tokens=self.pool.chunk_tokens,
             max_sequence_tokens=self.pool.max_sequence_tokens,
             liveness=self.liveness,
@@ -138,10 +138,10 @@ class ReplicaSet:
 
     def _spawn(self, index: int):
         ready = self._context.Event()
-        self._descriptions[index] = self._context.Array("c", DESCRIPTION_BYTES)
+        start_file(self.configs[index].endpoint).unlink(missing_ok=True)  # a restart's, not the last one's
         process = self._context.Process(
             target=replica_main,
-            args=(self.configs[index], ready, self._descriptions[index]),
+            args=(self.configs[index], ready),
             name=f"posy-replica-{index}",
             daemon=True,
         )
@@ -155,9 +155,9 @@ class ReplicaSet:
         while not ready.wait(0.1):
             if not process.is_alive() or time.monotonic() > deadline:
                 device = self.configs[index].engine.device
-                reason = None if process.is_alive() else refusal_of(self._descriptions[index].value)
-                if reason is not None:
-                    raise ReplicaStartError(f"engine replica {index} ({device}) refused: {reason}")
+                started = None if process.is_alive() else read_start(self.configs[index].endpoint)
+                if isinstance(started, Refused):
+                    raise ReplicaStartError(f"engine replica {index} ({device}) refused: {started.reason}")
                 state = f"exited with code {process.exitcode}" if not process.is_alive() else "stayed cold"
                 raise ReplicaStartError(
                     f"engine replica {index} ({device}) {state} while starting; see its log"
@@ -207,14 +207,14 @@ class ReplicaHandles:
     """A started ReplicaSet as a gateway in another process sees it (picklable into a spawned process)."""
 
     endpoints: tuple[str, ...]
-    description: dict[str, str]
+    capabilities: Capabilities
     chunk_tokens: int
     max_sequence_tokens: int
     liveness: Any  # the ReplicaSet's shared array: per replica, alive and generation
 
     def pool(self) -> ReplicaPool:
         pool = ReplicaPool(self.endpoints, self.chunk_tokens, self.max_sequence_tokens)
-        pool.description = dict(self.description)
+        pool.capabilities = self.capabilities
         return pool
 
     def follow(self, pool: ReplicaPool, stop: threading.Event) -> None:

@@ -30,13 +30,15 @@ class EngineRequest:
     """Rows arrive a batch's worth at a time on the engine's thread; the last ones call `done`."""
 
     __slots__ = (
-        "num_pending", "rows", "row_starts", "submitted_at", "started_at", "num_tokens", "checked_estimate_s"
+        "num_pending", "rows", "row_starts", "columns", "submitted_at", "started_at", "num_tokens",
+        "checked_estimate_s",
     )  # fmt: skip
 
     def __init__(self, num_seqs: int):
         self.num_pending = num_seqs  # rows still to come
         self.rows: np.ndarray | None = None
         self.row_starts: list[int] | None = None  # with expect_rows: each sequence's first row
+        self.columns: tuple[int, int] | None = None  # of each row, the columns it keeps (RowRequest's)
         self.submitted_at = time.perf_counter()
         self.started_at: float | None = None
         self.num_tokens = 0  # run so far, counted as batches launch
@@ -60,10 +62,12 @@ class EngineRequest:
         """Rows of sequences start, start + 1, ... (a batch holds a request's sequences in order)."""
         if self.row_starts is not None:
             start = self.row_starts[start]
+        if self.columns is not None:
+            rows = rows[:, self.columns[0] : self.columns[1]]
         if self.rows is None:
-            if len(rows) == self.num_pending:  # the whole request in one batch: no copy
+            if len(rows) == self.num_pending:  # the whole request in one batch: no copy of its rows
                 self.num_pending = 0
-                self.rows = rows
+                self.rows = rows if self.columns is None else np.ascontiguousarray(rows)
                 self.done(self._output())
                 return
             self.rows = np.empty((self.num_pending, rows.shape[1]), dtype=np.float32)

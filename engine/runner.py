@@ -9,17 +9,13 @@ from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.cuda_graphs import GraphCache
 from engine.lazy import HostBuffers, LazyTensor
+from engine.outputs import HeadOutput
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, graphs: GraphCache | None = None):
         self.model = model
-        # a row a token (ColBERT, bge-m3) instead of a sequence; a query's trailing tokens that are no keys
-        self.token_rows = bool(getattr(model, "token_rows", False))
-        self.query_only_token: int | None = getattr(model, "query_only_token", None)
-        self.pools_spans = bool(getattr(model, "pools_spans", False))
-        self.row_tokens: tuple[int, ...] | None = getattr(model, "row_tokens", None)  # see Engine.row_tokens
-        self.scores_prefixes = hasattr(model, "max_sim")  # see Engine.scores_prefixes
+        self.output: HeadOutput = model.output  # what its head gives (engine/outputs.py)
         self.device = device
         self.graphs = graphs
         self.host_buffers = HostBuffers()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.errors import BehindDeadline, EngineStopped, Overloaded
+from engine.outputs import ALL_ROWS, RowRequest
 from engine.service_rate import ServiceRate
 
 # admitted work must finish inside its deadline: the estimate may take this share of the time left, the
@@ -44,11 +45,9 @@ class QueuedRequest:
     owner: object = None
     is_cancelled: Callable[[], bool] = field(default=lambda: False)
     lengths: list[int] = field(default_factory=list)  # filled from token_ids when left empty
-    # tokens every sequence continues (a judge's template and query): each batch that takes sequences of
-    # the request runs them once, before the first of them
-    prefix: Sequence[int] | None = None
-    spans: Sequence[Sequence[int] | None] | None = None  # per sequence (ScheduledSequence.spans)
-    first_rows: bool = False  # every sequence's ScheduledSequence.first_row
+    # what it asks back (engine/outputs.py); a prefix runs once in each batch that takes sequences of the
+    # request, before the first of them
+    rows: RowRequest = ALL_ROWS
     deadline: float | None = None  # (time.perf_counter) set by Scheduler.submit
     taken: int = 0  # sequences already in batches
     remaining_tokens: int = 0  # the prefix counted once, until a batch first takes it
@@ -59,22 +58,26 @@ class QueuedRequest:
         self.remaining_tokens = sum(self.lengths) + self.prefix_length
 
     @property
+    def prefix(self) -> Sequence[int] | None:
+        return self.rows.prefix
+
+    @property
     def prefix_length(self) -> int:
-        return 0 if self.prefix is None else len(self.prefix)
+        return 0 if self.rows.prefix is None else len(self.rows.prefix)
 
     def take_prefix(self) -> ScheduledSequence:
         if self.taken == 0:
             self.remaining_tokens -= self.prefix_length
-        return ScheduledSequence(self.prefix, None, self.owner, -1, is_prefix=True)
+        return ScheduledSequence(self.rows.prefix, None, self.owner, -1, is_prefix=True)
 
     def take(self) -> ScheduledSequence:
         index = self.taken
         self.taken += 1
         self.remaining_tokens -= self.lengths[index]
         types = self.token_type_ids[index] if self.token_type_ids is not None else None
-        spans = self.spans[index] if self.spans is not None else None
+        spans = self.rows.spans[index] if self.rows.spans is not None else None
         return ScheduledSequence(
-            self.token_ids[index], types, self.owner, index, spans=spans, first_row=self.first_rows
+            self.token_ids[index], types, self.owner, index, spans=spans, first_row=self.rows.first_rows
         )
 
     @property

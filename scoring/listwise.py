@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.interface import EngineInterface
 from scoring.errors import QueryTooLong
 from scoring.heads import cosine_to_scores
-from scoring.rerank import RerankOptions, SequenceRunner
+from scoring.rerank import RerankOptions
 
 # the model's own limits on its inputs: a longer query or document is cut to these tokens (v2's
 # max_tokens_per_doc cuts documents shorter where it asks)
@@ -67,7 +68,7 @@ class ListwisePrompt:
 
 @dataclass(frozen=True, slots=True)
 class ListwiseModel:
-    engine: SequenceRunner
+    engine: EngineInterface
     prompt: ListwisePrompt
     max_prompt_tokens: int  # the longest prompt the model (and the engine's batch) takes
     passage_tokens: int  # a passage's tokens besides its text's, at most (passage_tokens())

@@ -1,6 +1,6 @@
-"""bge-m3's token rows (engine/models/bge_m3.py: [vector | weight] a token) read per text: its dense
-vector (the first row's vector), its ColBERT vectors (every later row's, the end token's included, as
-FlagEmbedding keeps it) and its lexical weights."""
+"""bge-m3's token rows (engine/models/bge_m3.py: a vector and a weight a token, in the columns its
+HeadOutput declares) read per text: its dense vector (the first row's vector), its ColBERT vectors (every
+later row's, the end token's included, as FlagEmbedding keeps it) and its lexical weights."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine.colbert import special_tokens
+from engine.outputs import SPARSE_EMBED, TOKEN_EMBED, HeadOutput
 from scoring.late_interaction import split_rows
 from scoring.lexical import lexical_weights
 
@@ -32,15 +33,23 @@ class M3Output:
     lexical: dict[int, float]
 
 
-def dense_vectors(first_rows: np.ndarray) -> np.ndarray:
-    """[num_seqs, dim]: each text's dense vector, from its first row (the engine's `first_rows`)."""
-    return np.ascontiguousarray(first_rows[:, :-1])
-
-
 def m3_outputs(
-    rows: np.ndarray, token_ids: Sequence[Sequence[int]], unused: Collection[int]
+    rows: np.ndarray, token_ids: Sequence[Sequence[int]], unused: Collection[int], output: HeadOutput
 ) -> list[M3Output]:
+    """Each text's three outputs from its whole token rows, their columns as the head declares them."""
+    vector = slice(*output.task_rows[TOKEN_EMBED].columns)
+    weight = output.task_rows[SPARSE_EMBED].columns[0]
     outputs = []
     for ids, part in zip(token_ids, split_rows(rows, [len(ids) for ids in token_ids])):
-        outputs.append(M3Output(part[0, :-1], part[1:, :-1], lexical_weights(ids, part[:, -1], unused)))
+        outputs.append(
+            M3Output(part[0, vector], part[1:, vector], lexical_weights(ids, part[:, weight], unused))
+        )
     return outputs
+
+
+def lexical_outputs(
+    weights: np.ndarray, token_ids: Sequence[Sequence[int]], unused: Collection[int]
+) -> list[dict[int, float]]:
+    """Each text's lexical weights from its tokens' weights ([num_tokens, 1]: the sparse task's rows)."""
+    parts = split_rows(weights, [len(ids) for ids in token_ids])
+    return [lexical_weights(ids, part[:, 0], unused) for ids, part in zip(token_ids, parts)]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engine.interface import EngineInterface
+from engine.outputs import ALL_ROWS, RowRequest
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
@@ -17,23 +18,9 @@ from scoring.templates import JudgePrompt, PairTemplate, SingleTemplate, TextPro
 MAX_CHUNKS_PER_REQUEST = 10_000
 
 
-class SequenceRunner(Protocol):
-    def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:
-        """Whether sequences of `lengths` that start with the same `prefix_length` tokens should be run as
-        continuations of that prefix (`run`'s `prefix`: each row is that of prefix + sequence)."""
-        ...
-
-    async def run(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        prefix: Sequence[int] | None = None,
-    ) -> np.ndarray: ...
-
-
 @dataclass(frozen=True, slots=True)
 class RerankModel:
-    engine: SequenceRunner
+    engine: EngineInterface
     window: int
     single: SingleTemplate
     pair: PairTemplate
@@ -43,6 +30,7 @@ class RerankModel:
     prompts: TextPrompts | JudgePrompt = TextPrompts()
     # a ColBERT model: MaxSim of the query's token vectors against each chunk's
     late_interaction: LateInteraction | None = None
+    rows: RowRequest = ALL_ROWS  # what its rerank asks of the engine's rows (bge-m3's: dense vectors)
 
     def texts(self, query: str, documents: Sequence[str], instruction: str | None) -> list[str]:
         """[query text, *document texts], to tokenize without special tokens."""
@@ -92,22 +80,23 @@ async def rerank_scores(
         # middle, which the engine runs once a batch; each chunk and the template's tail continue it
         prefix = [*pair.prefix.ids, *query_ids, *pair.middle.ids]
         suffixes = [[*chunk, *pair.suffix.ids] for chunk in chunks]
-        logits = await model.engine.run(suffixes, None, prefix=prefix)
+        logits = await model.engine.run(suffixes, None, replace(model.rows, prefix=prefix))
         chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
     elif model.cross_encoder:
         pairs = [model.pair.apply(query_ids, chunk) for chunk in chunks]
         # all-zero types (RoBERTa's pairs, a judge's) go as none: the engine packs zeros for them
         types = [types for _, types in pairs] if model.pair.has_types else None
-        logits = await model.engine.run([ids for ids, _ in pairs], types)
+        logits = await model.engine.run([ids for ids, _ in pairs], types, model.rows)
         chunk_scores = logits_to_scores(logits, raw=options.raw_scores)
     elif late is not None:
         # the query runs once a batch, on its own; each chunk's row is its MaxSim against it, computed on
         # the device (TokenEmbedder.max_sim)
         query = late.query_ids(query_ids)
-        rows = await model.engine.run([late.document_ids(chunk) for chunk in chunks], prefix=query)
+        documents = [late.document_ids(chunk) for chunk in chunks]
+        rows = await model.engine.run(documents, None, replace(model.rows, prefix=query))
         chunk_scores = max_sim_to_scores(rows[:, 0], len(query), raw=options.raw_scores)
     else:
         sequences = [model.single.apply(query_ids), *(model.single.apply(chunk) for chunk in chunks)]
-        vectors = await model.engine.run(sequences)
+        vectors = await model.engine.run(sequences, None, model.rows)
         chunk_scores = cosine_to_scores(vectors[0], vectors[1:], raw=options.raw_scores)
     return max_over_chunks(chunk_scores, np.asarray(owners), len(docs_ids))

@@ -9,10 +9,17 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from engine.outputs import EMBED, RERANK, SEQUENCE, HeadOutput
+
 # Without a GPU, posy's Triton kernels run only in tests, through Triton's interpreter on the CPU
 # (tests/engine/test_triton_interpreted.py); it must be on before Triton is first imported.
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# what a stand-in for an embedder's engine or model gives: a row a text (the bundled model's 384 wide)
+def embedder_output(width: int = 384) -> HeadOutput:
+    return HeadOutput(SEQUENCE, width, (EMBED, RERANK))
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +91,7 @@ class TimedRunner:
 
     def __init__(self, seconds_per_token: float, dim: int = 4):
         self.seconds_per_token, self.dim = seconds_per_token, dim
+        self.output = embedder_output(dim)
 
     def step(self, batch):
         import time

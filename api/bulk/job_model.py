@@ -18,11 +18,11 @@ from api.bulk.output import fixed_size_vectors, sparse_vectors, token_vectors
 from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
-from api.models import DenseView
 from api.prompts import select_prompt
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.outputs import RowRequest
 from engine.spec import ModelSpec
 from scoring.late_interaction import QUERY_INPUT_TYPES, kept_tokens
 
@@ -76,11 +76,8 @@ class JobModel:
             **({"queries": self.is_query} if self.spec.colbert is not None else {}),
         }
 
-    def build_engine(self) -> Engine | DenseView:
-        """The engine that gives a vector a text: bge-m3's shows its dense vectors (DenseView), as the
-        server's embedding routes do."""
-        engine = build_engine(self.spec, self.engine_config)
-        return DenseView(engine) if self.spec.m3 else engine
+    def build_engine(self) -> Engine:
+        return build_engine(self.spec, self.engine_config)
 
     @property
     def tokenization(self) -> Tokenization:
@@ -156,7 +153,9 @@ class JobModel:
         self, engine: Engine, sequences: Sequence[Sequence[int]], tokens: int, budget: TokenBudget
     ) -> tuple[pa.Array, int]:
         try:
-            return self.column(await engine.run(sequences), sequences), tokens
+            # the rows of the job's task (bge-m3's embedding: each text's dense vector, as the routes give it)
+            rows = RowRequest.for_task(engine.output, self.spec.task)
+            return self.column(await engine.run(sequences, rows=rows), sequences), tokens
         finally:
             await budget.release(tokens)
 

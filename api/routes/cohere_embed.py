@@ -66,7 +66,7 @@ async def embed_v2(request: Request, server: NamedDependency[Server]) -> Encoded
     guard = RequestGuard(model.engine, request, server.config)
     sequences = await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end, guard))
     num_tokens = sum(map(len, sequences))
-    vectors = truncate_dimensions(await guard.run(sequences), data.output_dimension)
+    vectors = truncate_dimensions(await guard.run(sequences, rows=model.rows(EMBED)), data.output_dimension)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     types = dict.fromkeys(data.embedding_types or ["float"])  # in order, once each
     embeddings = EmbeddingsByType(**{_field(kind): by_type(vectors, kind) for kind in types})

@@ -61,7 +61,7 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
                 raise InvalidInput(TOKEN_IDS_REFUSED.format(model=model.name), "input")
             sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
         num_tokens = sum(map(len, sequences))
-        vectors = await guard.run(sequences)
+        vectors = await guard.run(sequences, rows=model.rows(EMBED))
     vectors = truncate_dimensions(vectors, data.dimensions)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     encoded = encode_vectors(vectors, data.encoding_format)
@@ -84,7 +84,7 @@ async def _late_chunked(
     spec = model.spec
     if texts is None:
         raise InvalidInput("late_chunking takes texts, the chunks of one document", "late_chunking")
-    if spec.pooling != "mean" or spec.m3:
+    if not model.engine.output.pools_spans:
         raise InvalidInput(
             f"late_chunking pools each chunk's tokens by their mean; the model '{model.name}' pools by "
             f"{spec.pooling}", "late_chunking",

@@ -24,6 +24,7 @@ from api.responses import EncodedJson, documented
 from api.routes.embeddings import truncation
 from api.schemas.vllm import PoolingData, PoolingRequest, PoolingResponse, ScoreUsage
 from api.server import Server
+from engine.outputs import ALL_ROWS
 from scoring.late_interaction import QUERY_INPUT_TYPES, split_rows
 from scoring.m3_rows import m3_outputs, unused_token_ids
 
@@ -46,15 +47,17 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     model = server.registry().get(data.model, TOKEN_EMBED if task == "all" else task)
     if task == "all" and not model.spec.m3:
         raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
-    guard = RequestGuard(model.engine if task == EMBED else model.token_engine, request, server.config)
+    guard = RequestGuard(model.engine, request, server.config)
     is_query = data.input_type in QUERY_INPUT_TYPES
     sequences = await guard.tokenized(
         _token_ids(model, texts, data, is_query, server.config.auto_truncate, guard)
     )
     num_tokens = sum(map(len, sequences))
-    if task != EMBED and num_tokens * model.spec.output_dim > MAX_TOKEN_OUTPUT_FLOATS:
-        raise OutputTooLarge(num_tokens, "tokens", model.spec.output_dim, MAX_TOKEN_OUTPUT_FLOATS)
-    rows = await guard.run(sequences)
+    asked = ALL_ROWS if task == "all" else model.rows(task)  # bge-m3's all: its whole token rows
+    width = asked.width(model.engine.output)
+    if task != EMBED and num_tokens * width > MAX_TOKEN_OUTPUT_FLOATS:
+        raise OutputTooLarge(num_tokens, "tokens", width, MAX_TOKEN_OUTPUT_FLOATS)
+    rows = await guard.run(sequences, rows=asked)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
     if task == EMBED:
         items = [_vectors(vector, data.encoding_format) for vector in rows]
@@ -69,7 +72,7 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
                 "lexical_weights": {str(token): weight for token, weight in output.lexical.items()},
                 "colbert_vecs": _vectors(output.colbert, data.encoding_format),
             }
-            for output in m3_outputs(rows, sequences, unused)
+            for output in m3_outputs(rows, sequences, unused, model.engine.output)
         ]
     response = PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
@@ -112,12 +115,12 @@ def _token_vectors(
     model: ServedModel, sequences: list[list[int]], rows: np.ndarray, is_query: bool
 ) -> list[np.ndarray]:
     """Each text's token vectors: a ColBERT model's that count (a document's punctuation left out), or
-    bge-m3's ColBERT vectors (every token's but [CLS]'s)."""
+    bge-m3's ColBERT vectors (every token's but [CLS]'s, whose row holds the dense vector)."""
     late = model.late_interaction
     parts = split_rows(rows, [len(ids) for ids in sequences])
     if late is not None:
         return [late.kept(ids, part, is_query) for ids, part in zip(sequences, parts)]
-    return [part[1:, :-1] for part in parts]
+    return [part[1:] for part in parts]
 
 
 def _vectors(vectors: np.ndarray, encoding_format: str) -> msgspec.Raw | bytes:

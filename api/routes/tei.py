@@ -31,7 +31,7 @@ from api.schemas.tei import (
 )
 from api.server import Server
 from scoring.lexical import nonzero_weights
-from scoring.m3_rows import m3_outputs, unused_token_ids
+from scoring.m3_rows import lexical_outputs, unused_token_ids
 from scoring.rerank import RerankOptions
 
 # posy's pooling -> TEI's name for it in /info
@@ -66,7 +66,7 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.engine, request, server.config)
     sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
-    vectors = await guard.run(sequences)
+    vectors = await guard.run(sequences, rows=model.rows(EMBED))
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
@@ -93,18 +93,20 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
     texts = [prompt + text for text in texts] if prompt else texts
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
-    guard = RequestGuard(model.token_engine, request, server.config)
+    guard = RequestGuard(model.engine, request, server.config)
     sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
-    # the engine's rows: bge-m3's a token ([vector | weight]), SPLADE's a text (the vocabulary's weights)
-    num_rows, rows_of = (sum(map(len, sequences)), "tokens") if spec.m3 else (len(sequences), "texts")
-    width = spec.output_dim + 1 if spec.m3 else spec.output_dim
+    # the engine's rows as the head declares them: a weight a token (bge-m3), or the vocabulary's a text
+    output, asked = model.engine.output, model.rows(SPARSE_EMBED)
+    num_rows, rows_of = (len(sequences), "texts")
+    if output.token_rows:
+        num_rows, rows_of = sum(map(len, sequences)), "tokens"
+    width = asked.width(output)
     if num_rows * width > MAX_SPARSE_ROWS_FLOATS:
         raise OutputTooLarge(num_rows, rows_of, width, MAX_SPARSE_ROWS_FLOATS, "inputs")
-    rows = await guard.run(sequences)
+    rows = await guard.run(sequences, rows=asked)
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
-    if spec.m3:
-        unused = unused_token_ids(encoder.tokenizer, spec.path)
-        lexical = [output.lexical for output in m3_outputs(rows, sequences, unused)]
+    if output.token_rows:
+        lexical = lexical_outputs(rows, sequences, unused_token_ids(encoder.tokenizer, spec.path))
         weights = [(sorted(text), [text[token] for token in sorted(text)]) for text in lexical]
     else:
         weights = [nonzero_weights(row) for row in rows]

@@ -15,17 +15,29 @@ from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.models.backbone import Backbone
 from engine.models.heads import Head
+from engine.outputs import EMBED, RERANK, SPARSE_EMBED, TOKEN, TOKEN_EMBED, HeadOutput, TaskRows
 
 if TYPE_CHECKING:
     from engine.weights import WeightTargets
 
 
 class M3Embedder(Head):
-    token_rows = True
-
     def __init__(self, backbone: Backbone):
         super().__init__(backbone)
         hidden_size = backbone.hidden_size
+        vector, weight = (0, hidden_size), (hidden_size, hidden_size + 1)
+        # embedding and rerank read each text's dense vector (its first row's vector), token vectors the
+        # vectors (a text's first is its dense one), sparse embedding the weights
+        dense = TaskRows(first_rows=True, columns=vector)
+        task_rows = {
+            EMBED: dense,
+            RERANK: dense,
+            TOKEN_EMBED: TaskRows(columns=vector),
+            SPARSE_EMBED: TaskRows(columns=weight),
+        }
+        self.output = HeadOutput(
+            TOKEN, hidden_size + 1, tuple(task_rows), takes_first_rows=True, task_rows=task_rows
+        )
         # the ColBERT vectors are as wide as the dense one (bge-m3's are): a first row holds either
         self.colbert_linear = nn.Linear(hidden_size, hidden_size)
         self.sparse_linear = nn.Linear(hidden_size, 1)

@@ -17,6 +17,8 @@ from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
 from engine.errors import WeightLoadError
 from engine.models.backbone import Backbone
+from engine.models.heads import classifier_tasks
+from engine.outputs import SEQUENCE, HeadOutput
 
 if TYPE_CHECKING:
     from engine.spec import ModelSpec
@@ -165,6 +167,8 @@ class TransformersClassifier(nn.Module):
         super().__init__()
         self.model = model
         self.pad_id = pad_id
+        num_labels = model.config.num_labels
+        self.output = HeadOutput(SEQUENCE, num_labels, classifier_tasks(num_labels))
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32

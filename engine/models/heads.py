@@ -18,6 +18,7 @@ from engine.layers.pooling import POOLING_METHODS, ROW_POOLINGS, Pooler, last_ke
 from engine.models.backbone import Backbone, ClassifierLayout
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import Dense, DenseLayout
+from engine.outputs import CLASSIFY, EMBED, RERANK, SEQUENCE, HeadOutput
 
 if TYPE_CHECKING:
     from engine.spec import ModelSpec
@@ -71,11 +72,9 @@ class Embedder(Head):
         self.pooler = pooler
         self.dense = nn.ModuleList(Dense(layout) for layout in dense)
         self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)
-
-    @property
-    def pools_spans(self) -> bool:
-        """Late chunking: a sequence's spans mean-pooled apart (PackedBatch.pool_cu_seqlens)."""
-        return self.pooler.method == "mean"
+        width = dense[-1].out_features if dense else backbone.hidden_size
+        # late chunking: a sequence's spans mean-pooled apart (PackedBatch.pool_cu_seqlens)
+        self.output = HeadOutput(SEQUENCE, width, (EMBED, RERANK), pools_spans=pooler.method == "mean")
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, output size] float32 (pooled spans: a row each)
@@ -128,6 +127,7 @@ class Classifier(Head):
             nn.LayerNorm(hidden_size, eps=layout.norm_eps, bias=layout.norm_bias) if layout.norm else None
         )
         self.out = nn.Linear(hidden_size, num_labels, bias=layout.out_bias)
+        self.output = HeadOutput(SEQUENCE, num_labels, classifier_tasks(num_labels))
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
@@ -161,6 +161,7 @@ class Judge(Head):
         self.tied = tied
         self.log_odds = log_odds
         self.judge = nn.Linear(backbone.hidden_size, len(judge_token_ids), bias=False)
+        self.output = HeadOutput(SEQUENCE, 1 if log_odds else len(judge_token_ids), (RERANK,))
         # a tied head is the embedding table: a copy of it that a checkpoint may still carry is not read
         self.ignored_weights = (*backbone.ignored_weights, "lm_head.") if tied else backbone.ignored_weights
 
@@ -178,6 +179,11 @@ class Judge(Head):
         else:
             targets["lm_head.weight"] = judge_rows
         return targets
+
+
+def classifier_tasks(num_labels: int) -> tuple[str, ...]:
+    """A sequence classifier's: its labels, and relevance where one or two logits give it."""
+    return (RERANK, CLASSIFY) if num_labels in (1, 2) else (CLASSIFY,)
 
 
 def _under(prefix: str, target: tuple) -> tuple:

@@ -16,6 +16,7 @@ from engine.batch import PackedBatch
 from engine.models.backbone import Backbone
 from engine.models.dense import Dense, DenseLayout
 from engine.models.heads import Head, dense_targets
+from engine.outputs import RERANK, TOKEN, TOKEN_EMBED, HeadOutput
 
 if TYPE_CHECKING:
     from engine.weights import WeightTargets
@@ -25,9 +26,8 @@ class TokenEmbedder(Head):
     """Every token's final hidden state through the projection (PyLate's Dense modules, or colbert-ai's
     `linear`), L2-normalized, float32: a row a token. Which rows a caller keeps (a document's
     punctuation is dropped) is the caller's; `query_only_token` is the token whose trailing run in a
-    sequence attends without being a key (a query's expansion, engine/batch.pack)."""
-
-    token_rows = True
+    sequence attends without being a key (a query's expansion, engine/batch.pack); a request's prefix is
+    a query its sequences are scored against (max_sim)."""
 
     def __init__(
         self,
@@ -39,7 +39,10 @@ class TokenEmbedder(Head):
     ):
         super().__init__(backbone)
         self.dense = nn.ModuleList(Dense(layout) for layout in dense)
-        self.query_only_token = query_only_token
+        width = dense[-1].out_features if dense else backbone.hidden_size
+        self.output = HeadOutput(
+            TOKEN, width, (TOKEN_EMBED, RERANK), query_only_token=query_only_token, scores_prefix=True
+        )
         self.linear_name = linear_name
         self.skiplist_ids = np.array(sorted(skiplist_ids), dtype=np.int64)
         self.ignored_weights = (*backbone.ignored_weights, *backbone.pretraining_heads)

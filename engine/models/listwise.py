@@ -18,6 +18,7 @@ from engine.errors import UnsupportedModel
 from engine.layers.pooling import ROW_POOLINGS
 from engine.models.backbone import Backbone
 from engine.models.heads import Head
+from engine.outputs import MARKER, RERANK, HeadOutput
 
 if TYPE_CHECKING:
     from engine.weights import WeightTargets
@@ -59,7 +60,8 @@ class ListwiseRanker(Head):
 
     def __init__(self, backbone: Backbone, config: ListwiseConfig):
         super().__init__(backbone)
-        self.row_tokens = (config.document_token_id, config.query_token_id)
+        row_tokens = (config.document_token_id, config.query_token_id)
+        self.output = HeadOutput(MARKER, config.projection_dim, (RERANK,), row_tokens=row_tokens)
         hidden_size = backbone.hidden_size
         self.projector = nn.Sequential(
             nn.Linear(hidden_size, hidden_size // 2, bias=False),

@@ -15,6 +15,7 @@ from engine.batch import PackedBatch
 from engine.layers.activations import get_activation
 from engine.models.backbone import Backbone
 from engine.models.heads import Head
+from engine.outputs import SEQUENCE, SPARSE_EMBED, HeadOutput
 
 if TYPE_CHECKING:
     from engine.weights import WeightTargets
@@ -75,6 +76,7 @@ class SpladeEncoder(Head):
         norm_eps = self.layout.norm_eps or config.layer_norm_eps
         self.mlm = MlmHead(backbone.hidden_size, vocab_size, activation, norm_eps)
         self.vocab_size = vocab_size
+        self.output = HeadOutput(SEQUENCE, vocab_size, (SPARSE_EMBED,))
         self.splade = splade
         self.tied = tied
         # the pooler and the other pretraining heads are not read; a tied decoder's saved copy neither

@@ -45,7 +45,7 @@ class Recording:
     def estimate_seconds(self, num_tokens):
         return 0.0
 
-    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None, rows=None):
         self.deadlines.append(deadline)
         future = asyncio.get_running_loop().create_future()
         future.set_result(EngineOutput(None, 0.0, 0.0, sum(map(len, token_ids))))

@@ -20,6 +20,8 @@ from api.bulk.config import JobConfig
 from api.bulk.output import MANIFEST, read_output, shard_file
 from api.cli import build_parsers
 from engine.errors import EngineError
+from engine.outputs import ALL_ROWS
+from tests.conftest import embedder_output
 
 NUM_ROWS = 5000
 
@@ -28,12 +30,14 @@ class StandInEngine:
     """Answers each text's row as [its first content token id, 0, ...] after a random delay, so that
     chunks finish out of order; fails any call with the token id `fail_on` in it."""
 
+    output = embedder_output()
+
     def __init__(self, fail_on: int | None = None):
         self.queued = self.most_queued = 0
         self.fail_on = fail_on
         self.rng = random.Random(0)
 
-    async def run(self, sequences, token_type_ids=None):
+    async def run(self, sequences, token_type_ids=None, rows=ALL_ROWS):
         if any(self.fail_on in ids for ids in sequences):
             raise EngineError("model step failed: RuntimeError")
         tokens = sum(map(len, sequences))
@@ -156,10 +160,10 @@ def test_every_input_shows_a_total_rows_per_s_and_an_eta_but_a_stream_says_it_ha
         counted(self, total_rows)
 
     class AfterTheCount(StandInEngine):
-        async def run(self, sequences, token_type_ids=None):
+        async def run(self, sequences, token_type_ids=None, rows=ALL_ROWS):
             while name != "pipe" and not counts:
                 await asyncio.sleep(0.001)
-            return await super().run(sequences, token_type_ids)
+            return await super().run(sequences, token_type_ids, rows)
 
     monkeypatch.setattr(job.JobProgress, "counted", record)
     monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)  # a line a chunk

@@ -16,7 +16,7 @@ from api.config import ServerConfig
 from api.server import Server
 from engine.config import EngineConfig
 from engine.engine import Engine
-from tests.conftest import build_cross_encoder
+from tests.conftest import build_cross_encoder, embedder_output
 
 MAX_REQUEST_TOKENS = 64
 BLOCKER = [7, 7]  # the token ids of the request that holds the engine's worker
@@ -42,13 +42,15 @@ def words(num_words: int) -> str:
 class UnreachableEngine:
     """A request over the token limit must be refused before anything reaches the engine."""
 
+    output = embedder_output()
+
     def estimate_seconds(self, num_tokens):
         raise AssertionError("a request over --max-request-tokens reached the engine")
 
     def backlog_seconds(self, num_tokens):  # asked before anything is queued
         return None
 
-    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None, rows=None):
         raise AssertionError("a request over --max-request-tokens reached the engine")
 
 
@@ -119,6 +121,7 @@ class GatedRunner:
     """Holds the engine's worker in step() until the gate opens; records the ids of every batch."""
 
     device = torch.device("cpu")
+    output = embedder_output()
 
     def __init__(self):
         self.gate = threading.Event()

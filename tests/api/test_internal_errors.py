@@ -10,11 +10,14 @@ from api.app import create_app
 from api.config import ServerConfig
 from api.server import Server
 from engine.errors import EngineError
+from tests.conftest import embedder_output
 
 INTERNAL_PATH = "/opt/posy/engine/secret_module.py"
 
 
 class FaultyEngine:
+    output = embedder_output()
+
     def __init__(self, error: Exception):
         self.error = error
 
@@ -24,7 +27,7 @@ class FaultyEngine:
     def backlog_seconds(self, num_tokens):  # asked before anything is queued
         return None
 
-    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None, rows=None):
         raise self.error
 
 

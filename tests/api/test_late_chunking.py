@@ -14,6 +14,7 @@ from transformers import AutoModel
 from api.app import create_app
 from api.config import ServerConfig
 from engine.config import EngineConfig
+from engine.outputs import RowRequest
 from engine.replicas import ReplicaSet
 from engine.source import ModelSource
 
@@ -86,7 +87,8 @@ def test_replicas_pool_spans_as_the_engine_in_process(minilm_tokenizer):
     replica_set.start()
 
     async def both():
-        return await engine.run(sequences, spans=spans), await replica_set.pool.run(sequences, spans=spans)
+        pooled = RowRequest(spans=spans)
+        return await engine.run(sequences, rows=pooled), await replica_set.pool.run(sequences, rows=pooled)
 
     try:
         in_process, replicated = asyncio.run(asyncio.wait_for(both(), 120))

@@ -10,7 +10,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from api.server import Server
 from engine.errors import Overloaded
-from tests.conftest import build_cross_encoder
+from tests.conftest import build_cross_encoder, embedder_output
 
 QUERY = "what do cats eat?"
 DOCS = ["Cats eat meat and fish.", "The train leaves at noon.", "Kittens drink milk. " * 150]
@@ -85,13 +85,15 @@ def test_api_key_is_required_except_for_health():
 
 
 class FullEngine:
+    output = embedder_output()
+
     def estimate_seconds(self, num_tokens):
         return None
 
     def backlog_seconds(self, num_tokens):  # asked before anything is queued
         return None
 
-    def enqueue(self, token_ids, token_type_ids=None, deadline=None):
+    def enqueue(self, token_ids, token_type_ids=None, deadline=None, rows=None):
         raise Overloaded(queued_tokens=10, max_queue_tokens=10, retry_after_s=2)
 
 

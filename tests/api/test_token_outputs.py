@@ -176,17 +176,18 @@ def test_a_task_the_model_does_not_serve_is_a_400_naming_what_it_serves(client, 
 
 
 def test_token_vectors_past_what_a_response_holds_are_refused_before_the_model_runs(folders):
-    """bge-m3's token vectors (32 wide in this checkpoint) of 4,500 texts of its 126-token window: 18.1
-    million floats, past the 16.8 million one response holds (about 0.5 GB of Python floats as JSON
+    """bge-m3's token vectors (32 wide in this checkpoint, 33 with the weight) of 4,500 texts of its
+    126-token window: 18.1 million floats, past the 16.8 million one response holds (about 0.5 GB of Python floats as JSON
     lists); within --max-inputs and --max-request-tokens."""
     texts = ["word " * 124] * 4500
     config = ServerConfig(models=(str(folders["m3"]),), max_inputs=len(texts))
     with TestClient(create_app(config)) as client:
-        for task in ("token_embed", "all"):
+        # token_embed: the token vectors; all: the whole token rows, a vector and a lexical weight each
+        for task, width in (("token_embed", 32), ("all", 33)):
             response = client.post("/pooling", json={"input": texts, "task": task})
             assert response.status_code == 400, response.text[:500]
             error = response.json()["error"]
-            assert error["param"] == "input" and "567000 tokens x 32 " in error["message"], error
+            assert error["param"] == "input" and f"567000 tokens x {width} " in error["message"], error
             assert "fewer or shorter" in error["message"]
             assert len(pooled(client, input=texts[:16], task=task)) == 16  # within it: served
 

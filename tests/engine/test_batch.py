@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.batch import count_row_tokens, pack
+from engine.outputs import MARKER, RERANK, HeadOutput
 
 SEQUENCES = [[101, 7, 8, 102], [101, 9, 102], [101, 4, 5, 6, 3, 102]]
 
@@ -37,7 +38,7 @@ def test_an_empty_sequence_is_refused():
 
 def test_row_tokens_name_the_rows_in_order_and_count_per_sequence():
     sequences = [[5, 9, 1, 9, 7], [9], [3, 7, 4]]
-    batch = pack(sequences, row_tokens=(9, 7))
+    batch = pack(sequences, output=HeadOutput(MARKER, 4, (RERANK,), row_tokens=(9, 7)))
     assert batch.row_index.tolist() == [1, 3, 4, 5, 7]
     assert [count_row_tokens(ids, (9, 7)) for ids in sequences] == [3, 1, 1]
     assert count_row_tokens(np.array([9, 9, 2]), (9, 7)) == 2

@@ -19,6 +19,7 @@ from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
+from engine.outputs import RowRequest
 from engine.resolve import resolve_model
 from engine.weights import load_model
 from scoring.late_interaction import LateInteraction, max_sim, split_rows
@@ -85,7 +86,7 @@ def assert_matches(folder, reference):
     late, queries, documents = token_ids(spec)
     assert all(len(ids) == QUERY_LENGTH for ids in queries)  # cut or expanded to the query length
     with torch.inference_mode():
-        rows = model(pack(queries + documents, None, None, model.query_only_token)).numpy()
+        rows = model(pack(queries + documents, output=model.output)).numpy()
     parts = split_rows(rows, [len(ids) for ids in queries + documents])
     expected_queries, expected_documents = reference
     for got, expected in zip(parts, expected_queries):
@@ -143,9 +144,9 @@ def test_the_engine_scores_documents_against_a_query_by_max_sim_across_batches(f
 
     async def run_all():
         return await asyncio.gather(
-            engine.run(documents, prefix=queries[0]),
+            engine.run(documents, rows=RowRequest(prefix=queries[0])),
             engine.run(documents),
-            engine.run(documents[::-1], prefix=queries[2]),
+            engine.run(documents[::-1], rows=RowRequest(prefix=queries[2])),
         )
 
     try:
@@ -178,8 +179,9 @@ def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
 
     async def both():
         token_rows = await engine.run(sequences), await replica_set.pool.run(sequences)
-        scores = await engine.run(documents * 8, prefix=queries[0])
-        return token_rows, (scores, await replica_set.pool.run(documents * 8, prefix=queries[0]))
+        scored = RowRequest(prefix=queries[0])
+        scores = await engine.run(documents * 8, rows=scored)
+        return token_rows, (scores, await replica_set.pool.run(documents * 8, rows=scored))
 
     try:
         (in_process, replicated), (scores, replicated_scores) = asyncio.run(asyncio.wait_for(both(), 120))

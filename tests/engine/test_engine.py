@@ -14,6 +14,7 @@ from engine.batch import PackedBatch
 from engine.config import EngineConfig
 from engine.engine import IDLE_SPIN_S, Engine
 from engine.errors import EngineError, Overloaded, SequenceTooLong
+from tests.conftest import embedder_output
 
 
 class FakeResult:
@@ -35,6 +36,7 @@ class FakeRunner:
     """Each output row is (sum of the sequence's ids, its length)."""
 
     device = torch.device("cpu")
+    output = embedder_output(2)
 
     def __init__(self, gate: threading.Event | None = None, fail_on: int | None = None):
         self.log: list = []
@@ -209,6 +211,7 @@ class DeviceRunner:
     """Launches return at once; the device runs steps one after another, `seconds_per_token` a token."""
 
     device = torch.device("cpu")
+    output = embedder_output(2)
 
     def __init__(self, seconds_per_token: float):
         self.seconds_per_token = seconds_per_token

@@ -8,13 +8,16 @@ import asyncio
 import threading
 import time
 
+import msgspec
 import numpy as np
 import pytest
 
 from engine import replica_link
 from engine.errors import BehindDeadline, EngineError
+from engine.outputs import ALL_ROWS, EMBED, SEQUENCE, HeadOutput, RowRequest
 from engine.replica import serve
 from engine.replica_pool import ReplicaOverloaded, ReplicaPool
+from engine.replica_protocol import Capabilities
 
 
 class StandInEngine:
@@ -53,10 +56,12 @@ class StandInEngine:
         self._polling = False
         self._poller.join(10)
 
-    def submit(self, request, token_ids, token_type_ids=None, deadline=None, prefix=None, spans=None, *more):
+    def submit(self, request, token_ids, token_type_ids=None, deadline=None, rows=ALL_ROWS):
         self.received.append(([list(map(int, ids)) for ids in token_ids], deadline))
-        assert spans is None  # late chunking's spans reach a real engine: tests/api/test_late_chunking.py
-        assert not any(more)  # first rows reach a real engine: tests/engine/test_sparse_parity.py
+        # late chunking's spans and bge-m3's first rows reach a real engine: tests/api/test_late_chunking.py,
+        # tests/engine/test_sparse_parity.py
+        assert rows.spans is None and not rows.first_rows
+        prefix = rows.prefix
         if prefix is not None:
             self.prefixes.append(list(map(int, prefix)))
         if self.full:
@@ -87,6 +92,10 @@ class StandInReplica:
         self.thread.join(10)
 
 
+# what the stand-in replicas would say at their start: a row of two a sequence, no shared prefixes
+STAND_IN_CAPABILITIES = Capabilities(HeadOutput(SEQUENCE, 2, (EMBED,)), None, {})
+
+
 def run_with(tmp_path, behaviours, body, chunk_tokens=10):
     """Stand-in replicas with the given behaviours and a pool over them; `body(pool, engines)`."""
     endpoints = [str(tmp_path / f"replica-{index}.sock") for index in range(len(behaviours))]
@@ -94,6 +103,7 @@ def run_with(tmp_path, behaviours, body, chunk_tokens=10):
 
     async def main():
         pool = ReplicaPool(endpoints, chunk_tokens=chunk_tokens, max_sequence_tokens=100)
+        pool.capabilities = STAND_IN_CAPABILITIES
         try:
             return await asyncio.wait_for(body(pool, [replica.engine for replica in replicas]), 30)
         finally:
@@ -133,12 +143,12 @@ def test_a_shared_prefix_travels_with_every_chunk_and_counts_in_its_budget(tmp_p
     prefix = [50, 60, 70]
 
     async def body(pool, engines):
-        pool.description = {"shared_prefixes": "1"}
+        pool.capabilities = msgspec.structs.replace(STAND_IN_CAPABILITIES, shared_prefixes_from=1)
         # 10-token chunks with the 3-token prefix: 7 of the sequences' tokens a chunk at most
-        output = await pool.enqueue(SEQUENCES[:12], prefix=prefix)
-        pool.description = {"shared_prefixes": "off"}
+        output = await pool.enqueue(SEQUENCES[:12], rows=RowRequest(prefix=prefix))
+        pool.capabilities = STAND_IN_CAPABILITIES
         with pytest.raises(ValueError, match="do not run shared prefixes"):
-            pool.enqueue(SEQUENCES[:2], prefix=prefix)
+            pool.enqueue(SEQUENCES[:2], rows=RowRequest(prefix=prefix))
         return output, engines
 
     output, engines = run_with(tmp_path, [{}, {}], body)

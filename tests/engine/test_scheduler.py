@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from engine.errors import EngineStopped, Overloaded
+from engine.outputs import RowRequest
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
 
 
@@ -113,7 +114,7 @@ def test_a_request_without_sequences_is_refused():
 
 def test_a_shared_prefix_runs_once_in_each_batch_that_takes_its_sequences():
     scheduler = Scheduler(max_batch_tokens=20, max_batch_seqs=10, max_queue_tokens=1000)
-    scheduler.submit(QueuedRequest([[0] * 4] * 5, owner="r", prefix=[1] * 6))
+    scheduler.submit(QueuedRequest([[0] * 4] * 5, owner="r", rows=RowRequest(prefix=[1] * 6)))
     scheduler.submit(request("s", 3))
     assert scheduler.queued_tokens == 6 + 5 * 4 + 3  # the prefix counted once while queued
     first, second = scheduler.next_batch(timeout=0), scheduler.next_batch(timeout=0)
@@ -131,6 +132,6 @@ def test_a_shared_prefix_runs_once_in_each_batch_that_takes_its_sequences():
 def test_a_prefix_and_its_first_sequence_fit_the_budget_together():
     scheduler = Scheduler(max_batch_tokens=20, max_batch_seqs=10, max_queue_tokens=1000)
     scheduler.submit(request("a", 8))
-    scheduler.submit(QueuedRequest([[0] * 5], owner="r", prefix=[1] * 8))
+    scheduler.submit(QueuedRequest([[0] * 5], owner="r", rows=RowRequest(prefix=[1] * 8)))
     assert names(scheduler.next_batch(timeout=0)) == ["a"]  # 8 + 8 + 5 > 20
     assert [s.is_prefix for s in scheduler.next_batch(timeout=0)] == [True, False]

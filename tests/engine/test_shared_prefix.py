@@ -10,6 +10,7 @@ import torch
 
 from engine.attention import AttentionMetadata, select_backend, varlen_attention
 from engine.batch import pack
+from engine.outputs import ALL_ROWS, RowRequest
 from tests.engine.fake_flashinfer import fake_flashinfer
 from tests.engine.test_decoder_parity import save_random_decoder
 from tests.engine.test_qwen3_parity import load, random_sequences, save_random_qwen3
@@ -182,7 +183,7 @@ def test_the_engine_runs_a_request_with_a_prefix_as_its_whole_pairs_across_batch
     plain = random_sequences((33, 7), seed=43)
 
     async def both():
-        return await asyncio.gather(engine.run(suffixes, prefix=prefix), engine.run(plain))
+        return await asyncio.gather(engine.run(suffixes, rows=RowRequest(prefix=prefix)), engine.run(plain))
 
     try:
         shared, plain_rows = asyncio.run(both())
@@ -213,7 +214,7 @@ def test_a_requests_output_counts_its_prefix_once_a_batch(judge):
     suffixes = random_sequences([30] * 7, seed=45)
 
     async def run():
-        return await engine.enqueue(suffixes, prefix=prefix)
+        return await engine.enqueue(suffixes, rows=RowRequest(prefix=prefix))
 
     try:
         output = asyncio.run(run())
@@ -241,7 +242,7 @@ def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_pa
     pool = replicas.pool
 
     async def both():
-        shared = await asyncio.wait_for(pool.enqueue(suffixes, prefix=prefix), 120)
+        shared = await asyncio.wait_for(pool.enqueue(suffixes, rows=RowRequest(prefix=prefix)), 120)
         whole = await asyncio.wait_for(pool.enqueue([prefix + suffix for suffix in suffixes]), 120)
         return shared, whole
 
@@ -278,9 +279,9 @@ def test_rerank_with_a_judge_scores_chunked_documents_alike_shared_or_whole(tmp_
     class Recording:
         shares_prefix = engine.shares_prefix
 
-        async def run(self, token_ids, token_type_ids=None, prefix=None):
-            prefixes.append(prefix)
-            return await engine.run(token_ids, token_type_ids, prefix=prefix)
+        async def run(self, token_ids, token_type_ids=None, rows=ALL_ROWS):
+            prefixes.append(rows.prefix)
+            return await engine.run(token_ids, token_type_ids, rows)
 
     tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     model = RerankModel(
@@ -314,7 +315,7 @@ def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
     engine.start()
     try:
         with pytest.raises(ValueError, match="shared prefixes"):
-            engine.submit(None, [[5, 6]], prefix=[7])
+            engine.submit(None, [[5, 6]], rows=RowRequest(prefix=[7]))
     finally:
         engine.stop()
 

@@ -17,6 +17,7 @@ from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.models import sparse as sparse_module
+from engine.outputs import EMBED, RowRequest
 from engine.resolve import resolve_model
 from engine.runner import ModelRunner
 from engine.weights import load_model
@@ -86,13 +87,13 @@ def test_bge_m3_outputs_match_flag_embedding(minilm_path, tmp_path):
     spec = resolve_model(str(folder))
     assert spec.m3 and spec.task == "embed" and spec.pooling == "cls" and spec.normalize
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
-    assert model.token_rows
+    assert model.output.token_rows
     token_ids = encode(spec, TEXTS)
     with torch.inference_mode():
         rows = model(pack(token_ids)).numpy()
     unused = unused_token_ids(Tokenizer.from_file(str(spec.tokenizer_path)), spec.path)
     assert len(unused) == 3  # [CLS], [PAD], [UNK]: the MiniLM tokenizer has no end token of that name
-    outputs = m3_outputs(rows, token_ids, unused)
+    outputs = m3_outputs(rows, token_ids, unused, model.output)
 
     expected = flag_m3_embedder(folder).encode(
         TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True, batch_size=2
@@ -108,9 +109,10 @@ def test_bge_m3_outputs_match_flag_embedding(minilm_path, tmp_path):
 
 
 def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_path, tmp_path):
-    """A request for first rows (bge-m3's dense vectors, as api.models.DenseView asks) gets a row a text:
-    each the first row of the text's whole output, in a batch beside a request for every token's rows,
-    and through two replica processes in chunks as in process."""
+    """A request for bge-m3's embeddings (its head's declared rows for the task: each text's first row,
+    less its lexical weight) gets its dense vector a text: each the first row of the text's whole output,
+    in a batch beside a request for every token's rows, and through two replica processes in chunks as in
+    process."""
     from engine.replicas import ReplicaSet
     from engine.source import ModelSource
 
@@ -136,10 +138,13 @@ def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_
     replica_set = ReplicaSet(ModelSource(str(folder)), 2, config)
     replica_set.start()
 
+    dense = RowRequest.for_task(engine.output, EMBED)
+    assert dense == RowRequest(first_rows=True, columns=(0, width - 1))
+
     async def both():
-        in_process = engine.enqueue(token_ids * 4, first_rows=True)
+        in_process = engine.enqueue(token_ids * 4, rows=dense)
         beside = engine.enqueue(token_ids)  # every token's rows, in the same batches
-        replicated = replica_set.pool.enqueue(token_ids * 4, first_rows=True)
+        replicated = replica_set.pool.enqueue(token_ids * 4, rows=dense)
         return (await in_process).rows, (await beside).rows, (await replicated).rows
 
     try:
@@ -147,7 +152,7 @@ def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_
     finally:
         engine.stop()
         replica_set.stop()
-    assert in_process.shape == replicated.shape == (4 * len(TEXTS), width)
-    np.testing.assert_allclose(in_process, np.tile(whole[firsts], (4, 1)), atol=TOLERANCE)
+    assert in_process.shape == replicated.shape == (4 * len(TEXTS), width - 1)
+    np.testing.assert_allclose(in_process, np.tile(whole[firsts, :-1], (4, 1)), atol=TOLERANCE)
     np.testing.assert_allclose(replicated, in_process, atol=TOLERANCE)
     np.testing.assert_allclose(beside, whole, atol=TOLERANCE)

@@ -44,6 +44,7 @@ from engine.batch import pack
 from engine.build import build_engine
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
+from engine.outputs import RowRequest
 from engine.resolve import resolve_model
 from engine.weights import load_model
 from scoring.late_interaction import max_sim
@@ -72,10 +73,11 @@ def assert_within_floor(metric: str, ours: float, floor: float) -> None:
     assert distance(metric, ours) <= allowed, f"{metric} {ours:.5f}; the reference's own bf16: {floor:.5f}"
 
 
-def cpu_rows(spec, sequences, query_only_token=None):
+def cpu_rows(spec, sequences):
+    """The fp32 CPU model's rows, packed as its head declares (a ColBERT query's expansion: query-only)."""
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
     with torch.inference_mode():
-        return model(pack(sequences, None, None, query_only_token)).numpy()
+        return model(pack(sequences, output=model.output)).numpy()
 
 
 def cuda_model(spec, backend):
@@ -125,9 +127,9 @@ def test_colbert_on_cuda_gives_the_cpu_vectors(folders, colbert_floor, backend):
     spec = resolve_model(str(folders["colbert"]))
     _, queries, documents = token_ids(spec)
     model = cuda_model(spec, backend)
-    expected = cpu_rows(spec, queries + documents, model.query_only_token)
+    expected = cpu_rows(spec, queries + documents)
     with torch.inference_mode():
-        batch = pack(queries + documents, None, None, model.query_only_token)
+        batch = pack(queries + documents, output=model.output)
         got = model(batch.to("cuda")).float().cpu().numpy()
     assert_within_floor("min_cosine", float(cosines(got, expected).min()), colbert_floor)
 
@@ -143,10 +145,11 @@ def test_colbert_documents_through_cuda_graphs(folders, colbert_floor):
     engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
     try:
         rows = asyncio.run(engine.run(queries))  # expansion tokens: eager, with the query-only key layout
-        scores = asyncio.run(engine.run(documents, prefix=queries[0]))  # MaxSim on the device
+        # MaxSim on the device
+        scores = asyncio.run(engine.run(documents, rows=RowRequest(prefix=queries[0])))
     finally:
         engine.stop()
-    query_rows = cpu_rows(spec, queries, engine.query_only_token)
+    query_rows = cpu_rows(spec, queries)
     assert_within_floor("min_cosine", float(cosines(rows, query_rows).min()), colbert_floor)
     late, _, _ = token_ids(spec)
     parts = np.split(expected, np.cumsum([len(ids) for ids in documents])[:-1])
@@ -193,7 +196,7 @@ def test_bge_m3_dense_requests_take_their_first_rows_through_cuda_graphs(folders
     engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
 
     async def three_times():
-        return [(await engine.enqueue(TEXTS, first_rows=True)).rows for _ in range(3)]
+        return [(await engine.enqueue(TEXTS, rows=RowRequest(first_rows=True))).rows for _ in range(3)]
 
     try:
         results = asyncio.run(three_times())
@@ -215,10 +218,9 @@ def test_a_listwise_ranker_on_cuda_gives_the_cpu_marker_vectors(folders, backend
         tokenizer.encode(text + "query<|rerank_token|>" * 1).ids,
         tokenizer.encode("a<|embed_token|>b<|rerank_token|>").ids,
     ]
-    markers = spec.listwise.document_token_id, spec.listwise.query_token_id
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
     with torch.inference_mode():
-        expected = model(pack(prompts, row_tokens=markers)).numpy()
+        expected = model(pack(prompts, output=model.output)).numpy()
     floor = bf16_floor(listwise_vectors(folders["listwise"]), prompts, min_row_cosine)
     try:
         attention = select_backend(
@@ -228,6 +230,6 @@ def test_a_listwise_ranker_on_cuda_gives_the_cpu_marker_vectors(folders, backend
         pytest.skip(str(error))
     model = load_model(spec, "cuda", torch.bfloat16, attention)
     with torch.inference_mode():
-        got = model(pack(prompts, row_tokens=markers).to("cuda")).float().cpu().numpy()
+        got = model(pack(prompts, output=model.output).to("cuda")).float().cpu().numpy()
     assert len(expected) == 7
     assert_within_floor("min_cosine", float(cosines(got, expected).min()), floor)

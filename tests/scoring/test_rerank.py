@@ -5,6 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from engine.outputs import ALL_ROWS
 from engine.prefixes import prefix_pays
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
@@ -51,7 +52,7 @@ class KeywordEmbedder:
     def __init__(self):
         self.calls = []
 
-    async def run(self, token_ids, token_type_ids=None):
+    async def run(self, token_ids, token_type_ids=None, rows=ALL_ROWS):
         self.calls.append([list(ids) for ids in token_ids])
         return np.array([[1.0, 0.0] if 7 in ids else [0.0, 1.0] for ids in token_ids], dtype=np.float32)
 
@@ -62,7 +63,7 @@ class PairCounter:
     def shares_prefix(self, prefix_length, lengths):
         return False
 
-    async def run(self, token_ids, token_type_ids=None):
+    async def run(self, token_ids, token_type_ids=None, rows=ALL_ROWS):
         logits = []
         for ids, types in zip(token_ids, token_type_ids):
             query = {t for t, k in zip(ids, types) if k == 0 and t not in (CLS, SEP)}
@@ -116,7 +117,7 @@ class TypesSeen:
     def __init__(self):
         self.types = []
 
-    async def run(self, token_ids, token_type_ids=None):
+    async def run(self, token_ids, token_type_ids=None, rows=ALL_ROWS):
         self.types.append(token_type_ids)
         return np.array([[float(len(ids))] for ids in token_ids], dtype=np.float32)
 
@@ -148,10 +149,10 @@ class PositionalScorer:
     def shares_prefix(self, prefix_length, lengths):
         return self.shares_prefixes and prefix_pays(prefix_length, lengths, min_saved_tokens=20)
 
-    async def run(self, token_ids, token_type_ids=None, prefix=None):
+    async def run(self, token_ids, token_type_ids=None, rows=ALL_ROWS):
         assert token_type_ids is None
-        self.prefixes.append(prefix)
-        head = list(prefix or ())
+        self.prefixes.append(rows.prefix)
+        head = list(rows.prefix or ())
         return np.array([[float(sum(i * t for i, t in enumerate(head + list(ids))))] for ids in token_ids])
 
 
