@@ -25,8 +25,8 @@ from api.config import (
     ServerConfig,
 )
 from api.refusal import cannot_serve, serve_or_refuse
+from engine.checkpoint.source import POOLING_FLAGS
 from engine.config import MODEL_IMPLS
-from engine.source import POOLING_FLAGS
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:

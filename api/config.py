@@ -65,7 +65,8 @@ class ServerConfig:
     trust_remote_code: bool = False
     # caps every model's window (vLLM's --max-model-len); None: the model's own
     max_model_len: int | None = None
-    # TEI's --pooling (engine/source.py POOLING_FLAGS) in place of each model's own; None: the folder's
+    # TEI's --pooling (engine/checkpoint/source.py POOLING_FLAGS) in place of each model's own; None: the
+    # folder's
     pooling: str | None = None
     # None: the device's default, raised to the largest model window
     max_batch_tokens: int | None = None

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from api.errors import ModelNotServed, TaskNotSupported
 from api.prompts import select_prompt
 from api.tokenize import TextEncoder
+from engine.checkpoint.spec import ModelSpec
 from engine.interface import EngineInterface
 from engine.outputs import CLASSIFY, EMBED, RERANK, SPARSE_EMBED, TOKEN_EMBED, RowRequest
-from engine.spec import ModelSpec
 from scoring.late_interaction import LateInteraction
 from scoring.listwise import ListwiseModel, ListwisePrompt, passage_tokens
 from scoring.rerank import RerankModel

@@ -19,13 +19,13 @@ from api.models import ModelRegistry, ServedModel, listwise_model
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
 from engine.build import build_engine
+from engine.checkpoint.source import ModelSource
+from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.interface import EngineInterface
 from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
-from engine.source import ModelSource
-from engine.spec import ModelSpec
 from scoring.late_interaction import LateInteraction
 from scoring.templates import pair_prompt
 

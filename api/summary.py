@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from api.config import ServerConfig
+from engine.checkpoint.spec import ModelSpec
 from engine.config import LARGE_TOKEN_STEP, SMALL_TOKEN_LIMIT, SMALL_TOKEN_STEP, EngineConfig
-from engine.spec import ModelSpec
 
 # how the start-up summary names the implementation a model runs on
 IMPLEMENTATIONS = {"posy": "posy's packed model", "transformers": "through transformers"}

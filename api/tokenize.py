@@ -15,7 +15,7 @@ from api.tokenizer_pool import TokenizeAdmission, TokenizerPool
 from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
 
 if TYPE_CHECKING:
-    from engine.cross_encoder import ChatTemplate
+    from engine.checkpoint.cross_encoder import ChatTemplate
 
 T = TypeVar("T")
 # tokenizing more than this many characters at once moves off the event loop, split over the encoder's

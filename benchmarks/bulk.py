@@ -62,8 +62,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from api.bulk.output import read_output
     from api.tokenize import TextEncoder
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import sized_for
-    from engine.resolve import resolve_model
 
     plan = SMOKE if getattr(options, "smoke", False) else FULL
     folder = Path(tempfile.mkdtemp(prefix="posy-bulk-"))

@@ -44,8 +44,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from api.tokenize import TextEncoder
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
 
     spec = resolve_model(None)
     encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)

@@ -57,8 +57,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from engine.batch import pack
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
 
     # one HF module on the GPU: bf16 for the speed baseline, fp32 for the parity reference
     checkpoint = save_bert(Path(tempfile.mkdtemp()), "bert-base")

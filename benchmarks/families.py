@@ -95,7 +95,7 @@ def measure_shape(shape: Shape, options, device: str, gpu: str | None, smoke: bo
     import torch
 
     from engine.build import build_engine
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
 
     dtype = torch.float32 if smoke else torch.bfloat16
     rounds = 1 if smoke else options.rounds

@@ -84,10 +84,10 @@ def unit_of(metric: str) -> str:
 def engines(folder: Path, device: str, smoke: bool, backend: str):
     """(bf16 engine, fp8 engine) of one checkpoint (float32 under smoke)."""
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
     from engine.layers.fp8 import Fp8Linear
     from engine.layers.fp8_choice import shape_of
-    from engine.resolve import resolve_model
 
     spec = resolve_model(str(folder))
     built = []

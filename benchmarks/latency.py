@@ -42,8 +42,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from engine.batch import pack
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
 
     smoke = getattr(options, "smoke", False)
     device = "cpu" if smoke else "cuda"

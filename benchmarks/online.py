@@ -222,8 +222,8 @@ def engine_figures(
     from benchmarks.timing import timed
     from engine.batch import pack
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import sized_for
-    from engine.resolve import resolve_model
 
     spec = resolve_model(str(checkpoint.folder))
     encoder = TextEncoder(spec.tokenizer_path, spec.max_seq_length, spec.vocab_size)

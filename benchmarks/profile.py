@@ -24,8 +24,8 @@ def main(argv: list[str]) -> None:
     from benchmarks.layouts import GEMMA3, MPNET, QWEN2, save_layout
     from engine.batch import pack
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
 
     layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
     shape = argv[0] if argv else "bert-base"

@@ -27,7 +27,7 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     from engine.batch import pack
     from engine.build import build_engine
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
 
     smoke = getattr(options, "smoke", False)
     device, shape = ("cpu", "smoke") if smoke else ("cuda", "qwen3-0.6b")

@@ -53,8 +53,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     import torch
 
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
     from scoring.rerank import RerankOptions, rerank_scores
 
     smoke = getattr(options, "smoke", False)

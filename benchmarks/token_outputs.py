@@ -205,8 +205,8 @@ def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool)
     import torch
 
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.outputs import RowRequest
-    from engine.resolve import resolve_model
 
     dtype = torch.float32 if smoke else torch.bfloat16
     rounds = 1 if smoke else options.rounds

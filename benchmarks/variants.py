@@ -106,10 +106,10 @@ def host() -> None:
     from benchmarks.engine import random_sequences
     from engine.batch import pack
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
     from engine.cuda_graphs import host_cu_seqlens, stage
     from engine.lazy import LazyTensor
-    from engine.resolve import resolve_model
 
     labels = ("pack", "key", "stage", "prepare", "copy", "replay", "lazy", "wait", "side-stream lazy")
     copy_stream = torch.cuda.Stream()
@@ -300,9 +300,9 @@ def prefixes() -> None:
     from benchmarks.engine import random_sequences
     from benchmarks.timing import timed
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import sized_for
     from engine.outputs import RowRequest
-    from engine.resolve import resolve_model
 
     spec = resolve_model(str(save_qwen3(Path(tempfile.mkdtemp()), "qwen3-0.6b", "judge").folder))
     engine = build_engine(spec, sized_for(spec.max_seq_length, "cuda", "bfloat16"))

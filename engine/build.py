@@ -9,6 +9,7 @@ import torch
 
 from engine.attention.backends import select_backend
 from engine.batch import pack
+from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
 from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
@@ -18,7 +19,6 @@ from engine.outputs import SEQUENCE
 from engine.prefixes import MIN_SAVED_TOKENS_EAGER, MIN_SAVED_TOKENS_GRAPHS
 from engine.progress import progress
 from engine.runner import ModelRunner
-from engine.spec import ModelSpec
 from engine.weights import load_model
 
 logger = logging.getLogger(__name__)

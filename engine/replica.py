@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
@@ -42,7 +43,6 @@ from engine.replica_protocol import (
 )
 from engine.request import EngineOutput, EngineRequest
 from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
-from engine.source import ModelSource
 
 logger = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.replica import ReplicaConfig, replica_main
 from engine.replica_pool import ReplicaPool
 from engine.replica_protocol import Capabilities, Refused, read_start, start_file
 from engine.shm_ring import memory_folder
-from engine.source import ModelSource
 
 logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels

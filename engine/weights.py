@@ -12,17 +12,16 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, select_backend
+from engine.checkpoint.files import read_json
+from engine.checkpoint.spec import ModelSpec
 from engine.config import GPU_MAX_BATCH_TOKENS, QUANTIZATIONS
 from engine.errors import QuantizationUnavailable, WeightLoadError
 from engine.layers.fp8 import NEVER, check_fp8, fp8_layers, quantize_linears, unquantize_linears
 from engine.layers.fp8_choice import choose_fp8_rows
 from engine.layers.pooling import Pooler
-from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.heads import Embedder
 from engine.models.registry import build_model, spec_entry
 from engine.progress import progress
-from engine.sparse_encoder import M3_FILES
-from engine.spec import ModelSpec, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ def load_model(
     # every parameter is overwritten by load_weights, which fails on any it does not fill
     model = model.to(dtype).to_empty(device=device)
     started = time.perf_counter()
-    tensors = {**read_checkpoint(spec.path), **dense_tensors(spec)}
+    tensors = {**read_checkpoint(spec.path), **spec.head.extra_tensors(spec)}
     load_weights(model, tensors)
     if hasattr(model, "after_load"):  # a head's own layout of what it read (engine/models/sparse.py)
         model.after_load()
@@ -125,7 +124,7 @@ def check_checkpoint(spec: ModelSpec, dtype: torch.dtype) -> None:
     spec_entry(spec).family.backbone.check_dtype(spec, dtype)
     with torch.device("meta"):
         model = build_model(spec, select_backend("torch", "cpu"))
-    dense = {name: tensor.shape for name, tensor in dense_tensors(spec).items()}
+    dense = {name: tensor.shape for name, tensor in spec.head.extra_tensors(spec).items()}
     match_weights(model, {**checkpoint_shapes(spec.path), **dense})
 
 
@@ -141,26 +140,8 @@ def load_fallback(spec: ModelSpec, device: torch.device | str, dtype: torch.dtyp
         TransformersBackbone(model, pad_id(spec)), Pooler(spec.pooling, spec.normalize), spec.dense
     )
     embedder.dense.to(device=device, dtype=dtype)
-    load_weights(embedder, dense_tensors(spec))
+    load_weights(embedder, spec.head.extra_tensors(spec))
     return embedder.eval().requires_grad_(False)
-
-
-def dense_tensors(spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """The Dense modules' tensors, each under its module's name among the checkpoint's (colbert-ai's
-    projection is in the checkpoint itself); bge-m3's two extra heads under their file names."""
-    if spec.m3:
-        return {
-            f"{Path(file).stem}.{key}": value
-            for file in M3_FILES
-            for key, value in load_pickle(spec.path / file).items()
-        }
-    if spec.colbert is not None and spec.colbert.linear_dim is not None:
-        return {}
-    return {
-        f"{DENSE_PREFIX}.{index}.{key}": value
-        for index, layer in enumerate(spec.dense)
-        for key, value in read_checkpoint(layer.folder).items()
-    }
 
 
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.colbert import ColbertConfig
+from engine.checkpoint.colbert import ColbertConfig
 from scoring.templates import SingleTemplate
 
 # the input types (a request's input_type, posy embed's --input-type) that lay texts out as queries

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from engine.colbert import special_tokens
+from engine.checkpoint.colbert import special_tokens
 from engine.outputs import SPARSE_EMBED, TOKEN_EMBED, HeadOutput
 from scoring.late_interaction import split_rows
 from scoring.lexical import lexical_weights

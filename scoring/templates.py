@@ -214,7 +214,7 @@ PairPrompt = JudgePrompt | ChatPairPrompt
 
 def pair_prompt(pair_format: str, tokenizer: Tokenizer, chat_template: Any = None) -> PairPrompt | None:
     """The prompt a model's pairs are laid out by: a judge's, its chat template's (`chat_template`: an
-    engine.cross_encoder.ChatTemplate), or None for the tokenizer's own pair template."""
+    engine.checkpoint.cross_encoder.ChatTemplate), or None for the tokenizer's own pair template."""
     if pair_format in JUDGE_PROMPTS:
         return JUDGE_PROMPTS[pair_format]
     if pair_format == "chat-template":

@@ -22,7 +22,7 @@ import numpy as np
 
 from api.bulk.errors import TokenizerFailed
 from api.tokenize import TextEncoder
-from engine.colbert import ColbertConfig
+from engine.checkpoint.colbert import ColbertConfig
 from scoring.late_interaction import LateInteraction
 
 MAX_DEFAULT_PROCESSES = 8  # 4 kept the H200 fed with 50-token texts (bulk suite); room for costlier texts

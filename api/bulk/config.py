@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.source import ModelSource
+from engine.checkpoint.source import ModelSource
 
 DEFAULT_SHARD_ROWS = 50_000  # rows per output shard: what a crash can cost
 
@@ -31,7 +31,7 @@ class JobConfig:
     max_model_len: int | None = None
     model_impl: str = "auto"
     trust_remote_code: bool = False
-    pooling: str | None = None  # TEI's --pooling (engine/source.py POOLING_FLAGS)
+    pooling: str | None = None  # TEI's --pooling (engine/checkpoint/source.py POOLING_FLAGS)
     max_batch_tokens: int | None = None
     max_batch_seqs: int = 512
     max_queue_tokens: int | None = None

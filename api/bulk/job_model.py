@@ -20,10 +20,10 @@ from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.prompts import select_prompt
 from engine.build import build_engine
+from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.outputs import RowRequest
-from engine.spec import ModelSpec
 from scoring.late_interaction import QUERY_INPUT_TYPES, kept_tokens
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together

@@ -14,7 +14,7 @@ from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 

@@ -21,7 +21,7 @@ from engine.layers.linear_act import LinearActivation
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout, MlmLayout
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 

@@ -5,6 +5,8 @@ bge-m3 reads no ColBERT vector of [CLS], so its row carries the dense vector at 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,11 +15,14 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
+from engine.checkpoint.splade import M3_FILES
 from engine.models.backbone import Backbone
+from engine.models.head_spec import HeadSpec
 from engine.models.heads import Head
 from engine.outputs import EMBED, RERANK, SPARSE_EMBED, TOKEN, TOKEN_EMBED, HeadOutput, TaskRows
 
 if TYPE_CHECKING:
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 
@@ -61,3 +66,24 @@ class M3Embedder(Head):
             for leaf in ("weight", "bias"):
                 targets[f"{module}.{leaf}"] = (f"{module}.{leaf}", None)
         return targets
+
+
+@dataclass(frozen=True, slots=True)
+class M3Spec(HeadSpec):
+    """bge-m3's sentence-transformers folder (its dense vector: the normalized [CLS] state) with its two
+    extra heads beside it, colbert_linear.pt and sparse_linear.pt."""
+
+    pooling: str = "cls"
+    normalize: bool = True
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        return M3Embedder(backbone)
+
+    def extra_tensors(self, spec: ModelSpec) -> dict[str, torch.Tensor]:
+        from engine.weights import load_pickle
+
+        return {
+            f"{Path(file).stem}.{key}": value
+            for file in M3_FILES
+            for key, value in load_pickle(spec.path / file).items()
+        }

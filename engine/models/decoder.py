@@ -21,7 +21,7 @@ from engine.layers.swiglu import gated
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 

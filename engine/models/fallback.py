@@ -21,7 +21,7 @@ from engine.models.heads import classifier_tasks
 from engine.outputs import SEQUENCE, HeadOutput
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 

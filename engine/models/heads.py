@@ -5,6 +5,7 @@ runs: `forward(batch, meta)` gives float32 rows, one a sequence."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,10 +19,12 @@ from engine.layers.pooling import POOLING_METHODS, ROW_POOLINGS, Pooler, last_ke
 from engine.models.backbone import Backbone, ClassifierLayout
 from engine.models.dense import CHECKPOINT_PREFIX as DENSE_PREFIX
 from engine.models.dense import Dense, DenseLayout
+from engine.models.head_spec import HeadSpec
 from engine.outputs import CLASSIFY, EMBED, RERANK, SEQUENCE, HeadOutput
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.cross_encoder import LogitScore
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 JUDGE_TOKENS = ("no", "yes")  # the judge's two logits, in the order softmax's positive class expects
@@ -102,7 +105,7 @@ class Embedder(Head):
 
 
 def dense_targets(dense: nn.ModuleList, linear_name: str | None = None) -> WeightTargets:
-    """The sentence-transformers Dense modules' tensors (weights.dense_tensors names them) -> the head's
+    """The sentence-transformers Dense modules' tensors (HeadSpec.extra_tensors names them) -> the head's
     `dense` list; `linear_name`: the checkpoint's own name of a lone bias-free projection (colbert-ai's
     `linear.weight`)."""
     targets: WeightTargets = {}
@@ -199,3 +202,41 @@ def judge_token_ids(spec: ModelSpec) -> tuple[int, int]:
     if None in ids:
         raise UnsupportedModel(f"model {spec.name!r}: its tokenizer has no single tokens {JUDGE_TOKENS}")
     return ids  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderSpec(HeadSpec):
+    """An embedding model's: pooled, through its Dense modules, normalized where it is."""
+
+    normalize: bool = True
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        return Embedder(backbone, Pooler(self.pooling, self.normalize), self.dense)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierSpec(HeadSpec):
+    """A *ForSequenceClassification's (cross-encoders): its logits, from its first token."""
+
+    task: str = "score"
+    pooling: str = "cls"
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        return Classifier(backbone, backbone.classifier_layout(), self.num_labels or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeSpec(HeadSpec):
+    """A causal LM's judgment at its last token: the logits of "no" and "yes", or a sentence-transformers
+    LogitScore's tokens."""
+
+    task: str = "score"
+    pooling: str = "last"
+    logit_score: LogitScore | None = None
+    tied: bool = False  # its LM head is the embedding table (its config says so; untied by default)
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        if self.logit_score is not None:
+            token_ids = self.logit_score.token_ids
+            return Judge(backbone, token_ids, self.tied, log_odds=len(token_ids) == 2)
+        return Judge(backbone, judge_token_ids(spec), self.tied)

@@ -4,6 +4,7 @@ against a document by the sum over its token vectors of the best match among the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,12 +14,16 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
+from engine.checkpoint.colbert import ColbertConfig, colbert_projection, is_colbert_folder, read_colbert
 from engine.models.backbone import Backbone
 from engine.models.dense import Dense, DenseLayout
+from engine.models.head_spec import HeadSpec
 from engine.models.heads import Head, dense_targets
 from engine.outputs import RERANK, TOKEN, TOKEN_EMBED, HeadOutput
 
 if TYPE_CHECKING:
+    from engine.checkpoint.folder import Checkpoint
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 
@@ -97,3 +102,36 @@ class TokenEmbedder(Head):
 
     def weight_map(self) -> WeightTargets:
         return {**super().weight_map(), **dense_targets(self.dense, self.linear_name)}
+
+
+@dataclass(frozen=True, slots=True)
+class ColbertSpec(HeadSpec):
+    task: str = "token_embed"
+    normalize: bool = True
+    replaces_head: bool = True
+    colbert: ColbertConfig | None = None
+
+    def window(self, window: int, sentence_transformers_length: int | None) -> int:
+        # PyLate sets the Transformer's length to the query's or the document's each call
+        return min(window, self.colbert.window)
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        colbert = self.colbert
+        linear_name = "linear.weight" if colbert.linear_dim is not None else None
+        return TokenEmbedder(
+            backbone, self.dense, colbert.query_only_token(), linear_name, colbert.skiplist_ids
+        )
+
+    def extra_tensors(self, spec: ModelSpec) -> dict[str, torch.Tensor]:
+        # colbert-ai's projection is in the checkpoint itself
+        return {} if self.colbert.linear_dim is not None else HeadSpec.extra_tensors(self, spec)
+
+
+def detect_colbert(checkpoint: Checkpoint) -> ColbertSpec | None:
+    """A PyLate folder or a colbert-ai one."""
+    if not is_colbert_folder(checkpoint.folder, checkpoint.modules, checkpoint.hf_config):
+        return None
+    name, folder, modules = checkpoint.name, checkpoint.folder, checkpoint.modules
+    colbert = read_colbert(name, folder, checkpoint.transformer_dir, modules)
+    dense = colbert_projection(name, folder, modules, checkpoint.hf_config.hidden_size, colbert)
+    return ColbertSpec(dense=dense, colbert=colbert)

@@ -5,8 +5,7 @@ query; a document's score is the cosine of its vector and the query's (scoring/l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -14,43 +13,18 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
+from engine.checkpoint.listwise import LISTWISE_ARCHITECTURES, ListwiseConfig, read_listwise
 from engine.errors import UnsupportedModel
 from engine.layers.pooling import ROW_POOLINGS
 from engine.models.backbone import Backbone
+from engine.models.head_spec import HeadSpec
 from engine.models.heads import Head
 from engine.outputs import MARKER, RERANK, HeadOutput
 
 if TYPE_CHECKING:
+    from engine.checkpoint.folder import Checkpoint
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
-
-# the architectures of listwise rankers, as their configs name them
-LISTWISE_ARCHITECTURES = ("JinaForRanking",)
-DOCUMENT_MARKER = "<|embed_token|>"
-QUERY_MARKER = "<|rerank_token|>"
-PROJECTION_DIM = 512  # JinaForRanking's projector output (its modeling code fixes it)
-
-
-@dataclass(frozen=True, slots=True)
-class ListwiseConfig:
-    document_token_id: int  # the token that ends each document's text
-    query_token_id: int  # the one that ends the query's
-    document_marker: str = DOCUMENT_MARKER  # their strings, as the prompt holds them
-    query_marker: str = QUERY_MARKER
-    projection_dim: int = PROJECTION_DIM
-
-
-def read_listwise(name: str, tokenizer_path: Path) -> ListwiseConfig:
-    """The markers' token ids, each one token of the model's tokenizer."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    ids = [tokenizer.token_to_id(marker) for marker in (DOCUMENT_MARKER, QUERY_MARKER)]
-    if None in ids:
-        raise UnsupportedModel(
-            f"model {name!r}: a listwise ranker's tokenizer needs the tokens {DOCUMENT_MARKER} and "
-            f"{QUERY_MARKER}"
-        )
-    return ListwiseConfig(*ids)
 
 
 class ListwiseRanker(Head):
@@ -86,3 +60,32 @@ class ListwiseRanker(Head):
         for index in (0, 2):
             targets[f"projector.{index}.weight"] = (f"projector.{index}.weight", None)
         return targets
+
+
+@dataclass(frozen=True, slots=True)
+class ListwiseSpec(HeadSpec):
+    task: str = "score"
+    replaces_head: bool = True
+    listwise: ListwiseConfig | None = None
+
+    def output_dim(self, hf_config: Any) -> int:
+        return self.listwise.projection_dim
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        return ListwiseRanker(backbone, self.listwise)
+
+
+def detect_listwise(checkpoint: Checkpoint) -> ListwiseSpec | None:
+    """A listwise ranker's architecture, on a decoder posy packs."""
+    if checkpoint.architecture not in LISTWISE_ARCHITECTURES:
+        return None
+    from engine.models.registry import MODEL_TYPES
+
+    row = MODEL_TYPES.get(checkpoint.hf_config.model_type)
+    if row is None or not row.family.decoder:
+        raise UnsupportedModel(
+            f"model {checkpoint.name!r}: posy runs {checkpoint.architecture} on the decoders it packs"
+        )
+    return ListwiseSpec(
+        listwise=read_listwise(checkpoint.name, checkpoint.transformer_dir / "tokenizer.json")
+    )

@@ -17,7 +17,7 @@ from engine.layers.rotary import apply_rotary, rope_theta, rotary_tables
 from engine.models.backbone import AttentionShape, Backbone, ClassifierLayout
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 LAYER_TYPES = ("full_attention", "sliding_attention")

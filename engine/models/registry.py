@@ -4,28 +4,34 @@ backbone parses the config with; the architecture's name gives the head."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.checkpoint.cross_encoder import read_cross_encoder
+from engine.checkpoint.sentence_transformers import sentence_transformers_pooling
+from engine.checkpoint.source import POOLING_FLAGS
+from engine.checkpoint.splade import is_m3_folder
 from engine.errors import UnsupportedModel
-from engine.layers.pooling import Pooler
 from engine.models import bert, decoder
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
-from engine.models.bge_m3 import M3Embedder
+from engine.models.bge_m3 import M3Spec
 from engine.models.decoder import DecoderBackbone
 from engine.models.fallback import TransformersBackbone
-from engine.models.heads import Classifier, Embedder, Judge, judge_token_ids
-from engine.models.late_interaction import TokenEmbedder
-from engine.models.listwise import ListwiseRanker
+from engine.models.head_spec import HeadSpec
+from engine.models.heads import ClassifierSpec, EmbedderSpec, JudgeSpec
+from engine.models.late_interaction import detect_colbert
+from engine.models.listwise import detect_listwise
 from engine.models.modernbert import ModernBertBackbone
-from engine.models.sparse import SpladeEncoder
+from engine.models.sparse import detect_splade
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.folder import Checkpoint
+    from engine.checkpoint.spec import ModelSpec
 
 # the head an architecture's name ends in: "embed" pools the bare model, "classify" is a
 # sequence-classification head (cross-encoders), "judge" a causal LM's yes/no logits (rerankers)
@@ -189,30 +195,59 @@ def supported() -> list[str]:
     return names
 
 
+# the heads that replace a checkpoint's own, each found by its detector, in this order (a checkpoint none
+# claims is served with its architecture's head: architecture_head); a new head adds its row
+HEAD_DETECTORS: tuple[Callable[[Checkpoint], HeadSpec | None], ...] = (
+    detect_colbert,
+    detect_splade,
+    detect_listwise,
+)
+
+
+def detect_head(checkpoint: Checkpoint) -> HeadSpec | None:
+    """The first detected head, if any."""
+    for detect in HEAD_DETECTORS:
+        head = detect(checkpoint)
+        if head is not None:
+            return head
+    return None
+
+
+def architecture_head(
+    checkpoint: Checkpoint, entry: ModelEntry, packed: bool, bidirectional: bool
+) -> HeadSpec:
+    """The head of the checkpoint's architecture (its entry's): an embedder pooled as its
+    sentence-transformers files (or --pooling) say, bge-m3's where its extra heads are beside it; a
+    classifier; or a judge, a sentence-transformers CrossEncoder's LogitScore one where it has that."""
+    name, hf_config = checkpoint.name, checkpoint.hf_config
+    if checkpoint.cross_encoder:
+        modules = checkpoint.modules or []
+        logit_score = read_cross_encoder(
+            name, checkpoint.folder, checkpoint.transformer_dir, entry.architecture, entry.head, modules
+        )
+        if logit_score is not None:
+            if getattr(hf_config, "final_logit_softcapping", None) is not None:
+                raise UnsupportedModel(f"model {name!r}: a judge of soft-capped LM logits is not supported")
+            tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+            return JudgeSpec(num_labels=1, logit_score=logit_score, tied=tied)
+    if entry.head == "classify":
+        return ClassifierSpec(num_labels=hf_config.num_labels)
+    if entry.head == "judge":
+        return JudgeSpec(
+            num_labels=hf_config.num_labels, tied=bool(getattr(hf_config, "tie_word_embeddings", False))
+        )
+    # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
+    pooling, normalize, dense = ("mean" if bidirectional else entry.pooling), entry.normalize, ()
+    if checkpoint.modules is not None:
+        pooling, normalize, dense = sentence_transformers_pooling(name, checkpoint.folder, checkpoint.modules)
+    if checkpoint.pooling_flag is not None and checkpoint.pooling_flag != "splade":
+        pooling = POOLING_FLAGS[checkpoint.pooling_flag]
+    if packed and pooling == "cls" and is_m3_folder(checkpoint.folder):
+        return M3Spec(normalize=normalize, dense=dense)
+    return EmbedderSpec(pooling=pooling, normalize=normalize, dense=dense)
+
+
 def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Module:
     """The spec's backbone under its head (on the current default device; weights not loaded)."""
-    entry = spec_entry(spec)
-    backbone = entry.family.backbone.from_spec(spec, attention_backend)
-    tied = bool(getattr(spec.hf_config, "tie_word_embeddings", True))
-    if spec.colbert is not None:
-        linear_name = "linear.weight" if spec.colbert.linear_dim is not None else None
-        colbert = spec.colbert
-        return TokenEmbedder(
-            backbone, spec.dense, colbert.query_only_token(), linear_name, colbert.skiplist_ids
-        )
-    if spec.splade is not None:
-        return SpladeEncoder(backbone, spec.vocab_size, spec.splade, tied)
-    if spec.m3:
-        return M3Embedder(backbone)
-    if spec.listwise is not None:
-        return ListwiseRanker(backbone, spec.listwise)
-    if entry.head == "embed":
-        return Embedder(backbone, Pooler(spec.pooling, spec.normalize), spec.dense)
-    if entry.head == "classify":
-        return Classifier(backbone, backbone.classifier_layout(), spec.hf_config.num_labels)
-    # a judge's LM head is untied unless its config says otherwise
-    tied = bool(getattr(spec.hf_config, "tie_word_embeddings", False))
-    if spec.logit_score is not None:
-        token_ids = spec.logit_score.token_ids
-        return Judge(backbone, token_ids, tied, log_odds=len(token_ids) == 2)
-    return Judge(backbone, judge_token_ids(spec), tied)
+    backbone = spec_entry(spec).family.backbone.from_spec(spec, attention_backend)
+    return spec.head.build(backbone, spec)

@@ -5,19 +5,23 @@ sequence, nearly all of them zero."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
+from engine.checkpoint.splade import SpladeConfig, bare_splade, is_splade_folder, read_splade
 from engine.layers.activations import get_activation
 from engine.models.backbone import Backbone
+from engine.models.head_spec import HeadSpec
 from engine.models.heads import Head
 from engine.outputs import SEQUENCE, SPARSE_EMBED, HeadOutput
 
 if TYPE_CHECKING:
+    from engine.checkpoint.folder import Checkpoint
+    from engine.checkpoint.spec import ModelSpec
     from engine.weights import WeightTargets
 
 # tokens whose vocabulary-wide logits are computed at once: bounds the head's memory (2,048 x 30,522 bf16 is
@@ -27,12 +31,6 @@ LOGIT_CHUNK_TOKENS = 2048
 # pooling from 0 keeps and the rows drop): on the H200 BERT's 30,522 rows, unaligned, ran an sm80 GEMM at
 # 232 TFLOPS, a third of SPLADE's step
 VOCAB_ALIGNMENT = 64
-
-
-@dataclass(frozen=True, slots=True)
-class SpladeConfig:
-    pooling: str  # "max" | "sum"
-    log_twice: bool  # "log1p_relu": log(1 + log(1 + relu(x)))
 
 
 class MlmHead(nn.Module):
@@ -142,3 +140,27 @@ class SpladeEncoder(Head):
         else:
             targets[f"{layout.decoder}.weight"] = ("mlm.decoder.weight", None)
         return targets
+
+
+@dataclass(frozen=True, slots=True)
+class SpladeSpec(HeadSpec):
+    task: str = "sparse_embed"
+    replaces_head: bool = True
+    splade: SpladeConfig | None = None
+
+    def output_dim(self, hf_config: Any) -> int:
+        return hf_config.vocab_size
+
+    def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
+        # the decoder over the vocabulary is the embedding table unless the config says otherwise
+        tied = bool(getattr(spec.hf_config, "tie_word_embeddings", True))
+        return SpladeEncoder(backbone, spec.vocab_size, self.splade, tied)
+
+
+def detect_splade(checkpoint: Checkpoint) -> SpladeSpec | None:
+    """A SparseEncoder folder (SpladePooling), or a bare masked LM served as SPLADE (--pooling splade)."""
+    if is_splade_folder(checkpoint.kinds):
+        return SpladeSpec(splade=read_splade(checkpoint.name, checkpoint.folder, checkpoint.modules or []))
+    if checkpoint.pooling_flag == "splade":
+        return SpladeSpec(splade=bare_splade(checkpoint.name, checkpoint.architecture, checkpoint.modules))
+    return None

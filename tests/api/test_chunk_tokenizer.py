@@ -11,8 +11,8 @@ import pytest
 
 from api.bulk.chunk_tokenizer import Tokenization, default_num_processes, open_chunk_tokenizer
 from api.bulk.errors import TokenizerFailed
-from engine.colbert import ColbertConfig
-from engine.resolve import resolve_model
+from engine.checkpoint.colbert import ColbertConfig
+from engine.checkpoint.resolve import resolve_model
 from scoring.late_interaction import LateInteraction
 from tests.api.test_char_bound import recorded
 

@@ -13,10 +13,10 @@ from transformers import AutoModel
 
 from api.app import create_app
 from api.config import ServerConfig
+from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.outputs import RowRequest
 from engine.replicas import ReplicaSet
-from engine.source import ModelSource
 
 TOLERANCE = 1e-5
 CHUNKS = [
@@ -76,7 +76,7 @@ def test_a_document_past_the_window_is_read_in_passes_at_chunk_borders(minilm_pa
 
 def test_replicas_pool_spans_as_the_engine_in_process(minilm_tokenizer):
     from engine.build import build_engine
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
 
     ids = [encoding.ids for encoding in minilm_tokenizer.encode_batch(CHUNKS * 3, add_special_tokens=False)]
     sequences = [[101, *sum(ids[i : i + 4], []), 102] for i in range(0, 12, 4)]

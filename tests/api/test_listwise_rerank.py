@@ -14,10 +14,10 @@ from api.app import create_app
 from api.config import ServerConfig
 from benchmarks.token_checkpoints import listwise_checkpoint, listwise_reference
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
+from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.replicas import ReplicaSet
-from engine.resolve import resolve_model
-from engine.source import ModelSource
 from scoring.listwise import ListwisePrompt, _blocks
 
 TOLERANCE = 1e-5

@@ -4,8 +4,8 @@ import dataclasses
 
 from api.config import ServerConfig
 from api.summary import startup_summary
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
-from engine.resolve import resolve_model
 
 
 def test_the_summary_says_what_is_served_how_and_within_which_limits():

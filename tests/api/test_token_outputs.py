@@ -177,8 +177,8 @@ def test_a_task_the_model_does_not_serve_is_a_400_naming_what_it_serves(client, 
 
 def test_token_vectors_past_what_a_response_holds_are_refused_before_the_model_runs(folders):
     """bge-m3's token vectors (32 wide in this checkpoint, 33 with the weight) of 4,500 texts of its
-    126-token window: 18.1 million floats, past the 16.8 million one response holds (about 0.5 GB of Python floats as JSON
-    lists); within --max-inputs and --max-request-tokens."""
+    126-token window: 18.1 million floats, past the 16.8 million one response holds (about 0.5 GB of Python
+    floats as JSON lists); within --max-inputs and --max-request-tokens."""
     texts = ["word " * 124] * 4500
     config = ServerConfig(models=(str(folders["m3"]),), max_inputs=len(texts))
     with TestClient(create_app(config)) as client:

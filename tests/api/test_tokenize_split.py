@@ -8,7 +8,7 @@ import pytest
 
 from api.errors import InputTooLong
 from api.tokenize import INLINE_TOKENIZE_CHARS, TextEncoder
-from engine.resolve import resolve_model
+from engine.checkpoint.resolve import resolve_model
 
 WORDS = "the cat sat on a mat while stocks fell and rain came down over the quiet harbour".split()
 

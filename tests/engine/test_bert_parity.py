@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.resolve import resolve_model
+from engine.checkpoint.resolve import resolve_model
 from engine.weights import load_model
 
 LONG = " ".join(

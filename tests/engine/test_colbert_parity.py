@@ -18,9 +18,9 @@ from benchmarks.token_checkpoints import (
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.outputs import RowRequest
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from scoring.late_interaction import LateInteraction, max_sim, split_rows
 from scoring.templates import SingleTemplate
@@ -166,8 +166,8 @@ def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
     """Two replica processes, a request cut into chunks of at most 48 tokens: the rows come back by
     token, in order, as the in-process engine gives them (queries with their query-only expansion too);
     and MaxSim scores against a query that each chunk carries."""
+    from engine.checkpoint.source import ModelSource
     from engine.replicas import ReplicaSet
-    from engine.source import ModelSource
 
     spec = resolve_model(str(folders[1]))
     late, queries, documents = token_ids(spec)

@@ -6,7 +6,7 @@ from tokenizers import Tokenizer
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.batch import pack
-from engine.resolve import resolve_model
+from engine.checkpoint.resolve import resolve_model
 from engine.weights import load_model
 from tests.conftest import build_cross_encoder
 

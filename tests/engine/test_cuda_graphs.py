@@ -110,8 +110,8 @@ GRAPH_BACKENDS = ["torch-varlen", "flashinfer", "triton"]
 def gpu_model(tmp_path, dtype, backend_name="torch-varlen"):
     """(model, its attention backend, spec); skips where the backend cannot run here."""
     from engine.attention import select_backend
+    from engine.checkpoint.resolve import resolve_model
     from engine.errors import AttentionBackendUnavailable
-    from engine.resolve import resolve_model
     from engine.weights import load_model
     from tests.engine.test_gpu import save_random_bert
 
@@ -236,7 +236,7 @@ def test_eager_warmup_captures_every_bucket_at_start_then_serves_like_eager(tmp_
     import logging
 
     from engine.build import build_engine
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
     from tests.engine.test_gpu import save_random_bert
 
     save_random_bert(tmp_path)

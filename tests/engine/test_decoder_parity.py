@@ -7,8 +7,8 @@ too), a Qwen3-Reranker conversion keeping the judge's prompt."""
 import pytest
 import torch
 
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import WeightLoadError
-from engine.resolve import resolve_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_qwen3_parity import (
     VOCAB_SIZE,
@@ -174,9 +174,9 @@ def test_real_shapes_in_bf16_on_cuda_match_the_fp32_reference(gpu_decoder, backe
     import numpy as np
 
     from engine.attention import select_backend
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
     from engine.errors import AttentionBackendUnavailable
-    from engine.resolve import resolve_model
     from engine.weights import load_model
     from tests.engine.graph_runs import run_three_times
 

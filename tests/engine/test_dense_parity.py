@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.test_bert_parity import TEXTS
 

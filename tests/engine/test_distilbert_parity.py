@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import WeightLoadError
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_roberta_parity import COSINE_TOLERANCE, LOGIT_TOLERANCE, save_random_model

@@ -18,9 +18,9 @@ from tokenizers import Tokenizer
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_bert_parity import TEXTS

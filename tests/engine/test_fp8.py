@@ -102,7 +102,7 @@ def test_a_gpu_without_fp8_tensor_cores_is_refused(monkeypatch):
 
 def test_a_bert_model_runs_its_four_projections_a_layer_in_fp8(minilm_path):
     from engine.attention import select_backend
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
     from engine.weights import load_model
 
     spec = resolve_model(str(minilm_path))
@@ -114,7 +114,7 @@ def test_a_bert_model_runs_its_four_projections_a_layer_in_fp8(minilm_path):
 def test_the_transformers_fallback_and_unknown_names_are_refused(minilm_path):
     from dataclasses import replace
 
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
     from engine.weights import load_model
 
     spec = replace(resolve_model(str(minilm_path)), implementation="transformers")
@@ -134,7 +134,7 @@ def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_
     product, not attention's pre-norm; its fp8 vectors keep a cosine of 0.99 to float32's."""
     from engine.attention import select_backend
     from engine.batch import pack
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
     from engine.weights import load_model
     from tests.engine.test_qwen3_parity import save_random_qwen3
 
@@ -190,7 +190,7 @@ def test_a_decoder_from_its_fp8_rows_writes_fp8_inputs_only_for_batches_that_rea
     equal those of the unquantized model), a larger one runs its MLP in FP8."""
     from engine.attention import select_backend
     from engine.batch import pack
-    from engine.resolve import resolve_model
+    from engine.checkpoint.resolve import resolve_model
     from engine.weights import load_model
     from tests.engine.test_qwen3_parity import save_random_qwen3
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from benchmarks.checkpoints import save_bert, save_qwen3
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.layers import add_norm, fp8, rms_norm, swiglu
 from engine.layers.fp8 import Fp8Linear, fp8_layers, quantize_rows, torch_quantize_rows
-from engine.resolve import resolve_model
 
 pytestmark = pytest.mark.gpu
 

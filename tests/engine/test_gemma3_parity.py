@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import UnsupportedModel, WeightLoadError
 from engine.models.decoder import embedding_scale
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_qwen3_parity import (

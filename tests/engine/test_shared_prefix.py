@@ -228,9 +228,9 @@ def test_a_requests_output_counts_its_prefix_once_a_batch(judge):
 def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_path):
     import asyncio
 
+    from engine.checkpoint.source import ModelSource
     from engine.config import EngineConfig
     from engine.replicas import ReplicaSet
-    from engine.source import ModelSource
 
     # a 128-token budget: 12 suffixes of 30 tokens after a 20-token prefix go as 4 chunks of 3, each
     # with the prefix once, through the gateway's pool and a replica process's rings
@@ -266,8 +266,8 @@ def test_rerank_with_a_judge_scores_chunked_documents_alike_shared_or_whole(tmp_
     from tokenizers import Tokenizer
 
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
     from scoring.rerank import RerankModel, RerankOptions, rerank_scores
     from scoring.templates import QWEN3_JUDGE, SingleTemplate
 
@@ -322,8 +322,8 @@ def test_an_engine_that_shares_no_prefixes_refuses_one(judge):
 
 def test_a_causal_model_on_a_backend_with_key_layouts_shares_prefixes(tmp_path):
     from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
     from engine.config import EngineConfig
-    from engine.resolve import resolve_model
 
     save_random_qwen3(tmp_path / "judge", "Qwen3ForCausalLM")
     save_random_qwen3(tmp_path / "bidirectional", "Qwen3Model", sentence_transformers="mean")
@@ -354,8 +354,8 @@ def cuda_judge(folder, backend_name, graphs=False):
     skip where CUDA, the backend or its key layouts are missing."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from engine.checkpoint.resolve import resolve_model
     from engine.errors import AttentionBackendUnavailable
-    from engine.resolve import resolve_model
     from engine.weights import load_model
 
     save_random_qwen3(

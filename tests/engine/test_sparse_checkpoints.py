@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 from benchmarks.token_checkpoints import copy_tokenizer, randomized, splade_checkpoint, tiny_bert_config
 from engine.attention import select_backend
 from engine.batch import pack
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import UnsupportedModel, WeightLoadError
-from engine.resolve import resolve_model
 from engine.weights import load_model
 
 TOLERANCE = 1e-5

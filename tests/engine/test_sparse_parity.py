@@ -15,10 +15,10 @@ from benchmarks.token_checkpoints import flag_m3_embedder, m3_checkpoint, splade
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.models import sparse as sparse_module
 from engine.outputs import EMBED, RowRequest
-from engine.resolve import resolve_model
 from engine.runner import ModelRunner
 from engine.weights import load_model
 from scoring.m3_rows import m3_outputs, unused_token_ids
@@ -113,8 +113,8 @@ def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_
     less its lexical weight) gets its dense vector a text: each the first row of the text's whole output,
     in a batch beside a request for every token's rows, and through two replica processes in chunks as in
     process."""
+    from engine.checkpoint.source import ModelSource
     from engine.replicas import ReplicaSet
-    from engine.source import ModelSource
 
     folder = m3_checkpoint(minilm_path, tmp_path / "m3")
     spec = resolve_model(str(folder))

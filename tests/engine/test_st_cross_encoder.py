@@ -11,8 +11,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from engine.checkpoint.resolve import resolve_model
 from engine.errors import UnsupportedModel
-from engine.resolve import resolve_model
 from tests.engine.test_bert_parity import TEXTS
 from tests.engine.test_fallback import TOKENIZER_FILES, load
 

@@ -42,10 +42,10 @@ from benchmarks.token_references import (
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
+from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.errors import AttentionBackendUnavailable
 from engine.outputs import RowRequest
-from engine.resolve import resolve_model
 from engine.weights import load_model
 from scoring.late_interaction import max_sim
 from tests.engine.graph_runs import run_three_times

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from engine.spec import ModelSpec
+    from engine.checkpoint.spec import ModelSpec
 
 # --pooling, as TEI names its values -> the spec's: an embedder's pooling in place of the folder's, or
-# "splade": a masked LM's vocabulary weights (engine/sparse_encoder.py)
+# "splade": a masked LM's vocabulary weights (engine/checkpoint/splade.py)
 POOLING_FLAGS = {"cls": "cls", "mean": "mean", "last-token": "last", "splade": "splade"}
 
 
@@ -43,8 +43,8 @@ class ModelSource:
         )  # fmt: skip
 
     def resolve(self) -> ModelSpec:
-        """Find the files and read the spec (engine/resolve.py resolve_model)."""
-        from engine.resolve import resolve_model
+        """Find the files and read the spec (engine/checkpoint/resolve.py resolve_model)."""
+        from engine.checkpoint.resolve import resolve_model
 
         return resolve_model(
             self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint.files import module_kinds, read_json
 from engine.errors import UnsupportedModel
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
@@ -36,17 +37,11 @@ class LogitScore:
         return (self.false_token_id, self.true_token_id)
 
 
-def module_kinds(modules: list[dict]) -> list[str]:
-    return [module["type"].rsplit(".", 1)[-1] for module in modules]
-
-
 def read_cross_encoder(
     name: str, folder: Path, transformer_dir: Path, architecture: str, head: str, modules: list[dict]
 ) -> LogitScore | None:
     """The LogitScore of a causal LM's folder, None for a sequence classifier's; any other module, or a
     head that does not match the modules, is a start-up error naming them."""
-    from engine.spec import read_json
-
     kinds = module_kinds(modules)
     others = [kind for kind in kinds if kind not in ("Transformer", "LogitScore")]
     if others:
@@ -74,8 +69,6 @@ def read_cross_encoder(
 
 def read_chat_template(name: str, transformer_dir: Path) -> ChatTemplate:
     """The tokenizer's chat template (chat_template.jinja, or tokenizer_config.json's) and its variables."""
-    from engine.spec import read_json
-
     tokenizer_config = read_json(transformer_dir / "tokenizer_config.json") or {}
     jinja = transformer_dir / "chat_template.jinja"
     source = jinja.read_text() if jinja.is_file() else tokenizer_config.get("chat_template")

@@ -4,10 +4,18 @@ heads (colbert_linear.pt and sparse_linear.pt beside its sentence-transformers d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from engine.checkpoint.files import read_json, sentence_transformers_path
 from engine.errors import UnsupportedModel
-from engine.models.sparse import SpladeConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SpladeConfig:
+    pooling: str  # "max" | "sum"
+    log_twice: bool  # "log1p_relu": log(1 + log(1 + relu(x)))
+
 
 # the module lists that are SPLADE: sentence-transformers 5's MLMTransformer, or 6's Transformer loaded for
 # its masked-LM logits (TRANSFORMER_TASK), then SpladePooling
@@ -25,8 +33,6 @@ def is_splade_folder(kinds: list[str]) -> bool:
 
 
 def read_splade(name: str, folder: Path, modules: list[dict]) -> SpladeConfig:
-    from engine.spec import read_json, sentence_transformers_path
-
     kinds = tuple(module["type"].rsplit(".", 1)[-1] for module in modules)
     if kinds not in SPLADE_MODULES:
         layouts = " or ".join(" -> ".join(layout) for layout in SPLADE_MODULES)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from engine.checkpoint.spec import ModelSpec, read_spec
 from engine.config import MODEL_IMPLS
 from engine.errors import ModelNotFound
-from engine.spec import ModelSpec, read_spec
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # what a hub download fetches first: configs, tokenizer files and safetensors weights (no ONNX, no .bin)
@@ -27,7 +27,8 @@ def resolve_model(
     `bidirectional` runs a decoder embedder without its causal mask, whatever its config says;
     `max_model_len` caps its window (vLLM's --max-model-len); `model_impl` (see MODEL_IMPLS) picks posy's
     packed model or transformers' own; `trust_remote_code` lets the fallback run the code in the folder;
-    `pooling` (TEI's --pooling, engine/source.py POOLING_FLAGS) pools otherwise than the folder says."""
+    `pooling` (TEI's --pooling, engine/checkpoint/source.py POOLING_FLAGS) pools otherwise than the folder
+    says."""
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"--model-impl must be one of {', '.join(MODEL_IMPLS)}, not {model_impl!r}")
     if max_model_len is not None and max_model_len < 1:

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint.files import module_kinds, read_json
+from engine.checkpoint.sentence_transformers import dense_layouts
 from engine.errors import UnsupportedModel
+from engine.models.dense import DenseLayout
 
 COLBERT_AI_METADATA = "artifact.metadata"
 # PyLate's module of the projection, and colbert-ai's architecture name in config.json
@@ -64,8 +67,6 @@ def is_colbert_folder(folder: Path, modules: list[dict] | None, hf_config: Any) 
 def read_colbert(name: str, folder: Path, transformer_dir: Path, modules: list[dict] | None) -> ColbertConfig:
     from tokenizers import Tokenizer
 
-    from engine.spec import read_json
-
     tokenizer = Tokenizer.from_file(str(transformer_dir / "tokenizer.json"))
     special = special_tokens(transformer_dir)
     metadata = read_json(folder / COLBERT_AI_METADATA)
@@ -110,8 +111,6 @@ def read_colbert(name: str, folder: Path, transformer_dir: Path, modules: list[d
 
 def special_tokens(transformer_dir: Path) -> dict[str, str]:
     """The tokenizer's named special tokens (mask_token, unk_token, ...) as strings."""
-    from engine.spec import read_json
-
     found: dict[str, str] = {}
     for file in ("special_tokens_map.json", "tokenizer_config.json"):
         for key, token in (read_json(transformer_dir / file) or {}).items():
@@ -132,3 +131,16 @@ def _prefix_id(name: str, tokenizer, prefix: str | None) -> int | None:
     if token is None:
         raise UnsupportedModel(f"model {name!r}: its ColBERT marker {prefix!r} is no token of its tokenizer")
     return token
+
+
+def colbert_projection(
+    name: str, folder: Path, modules: list[dict] | None, hidden_size: int, colbert: ColbertConfig
+) -> tuple[DenseLayout, ...]:
+    """A ColBERT model's projection: PyLate's Dense modules, or colbert-ai's bias-free `linear`."""
+    if modules is None:
+        dim = colbert.linear_dim or hidden_size
+        return (DenseLayout(folder, hidden_size, dim, bias=False, activation="Identity", residual=False),)
+    kinds = module_kinds(modules)
+    if [kind for kind in kinds if kind != "Dense"] != ["Transformer"] or kinds[0] != "Transformer":
+        raise UnsupportedModel(f"model {name!r}: ColBERT modules {kinds} are not supported")
+    return dense_layouts(name, folder, modules)

@@ -1,0 +1,73 @@
+"""Checkpoint: a model folder as read before its head is chosen (its config, its sentence-transformers
+files, the flags that change how it is read); read_folder reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint.files import module_kinds, read_json, sentence_transformers_path
+from engine.checkpoint.source import POOLING_FLAGS
+from engine.errors import ModelNotFound, UnsupportedModel
+
+REMOTE_CODE = (
+    "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
+    "--trust-remote-code, which runs the code inside the checkpoint folder"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    name: str  # the id the user gave
+    folder: Path  # the model's folder (sentence-transformers' files)
+    transformer_dir: Path  # its Transformer module's: config.json, the weights and the tokenizer
+    modules: list[dict] | None  # modules.json
+    hf_config: Any  # transformers.PretrainedConfig
+    architecture: str  # as the config names it ("" where it names none)
+    st_config: dict  # config_sentence_transformers.json
+    remote_code: bool  # config.json's auto_map names modeling code in the folder
+    pooling_flag: str | None  # --pooling (POOLING_FLAGS); None: the folder's own pooling
+
+    @property
+    def kinds(self) -> list[str]:
+        return module_kinds(self.modules or [])
+
+    @property
+    def cross_encoder(self) -> bool:
+        """A sentence-transformers CrossEncoder folder: the checkpoint scores with its own head."""
+        return self.st_config.get("model_type") == "CrossEncoder"
+
+    @property
+    def runs_bare(self) -> bool:
+        """sentence-transformers runs its other folders' checkpoints as the bare model."""
+        return self.modules is not None and not self.cross_encoder
+
+    @property
+    def judge_module(self) -> bool:
+        """A LogitScore module: any causal LM posy packs is a judge."""
+        return self.cross_encoder and "LogitScore" in self.kinds
+
+
+def read_folder(name: str, folder: Path, trust_remote_code: bool, pooling_flag: str | None) -> Checkpoint:
+    from transformers import AutoConfig
+
+    if pooling_flag is not None and pooling_flag not in POOLING_FLAGS:
+        raise UnsupportedModel(f"--pooling must be one of {', '.join(POOLING_FLAGS)}, not {pooling_flag!r}")
+    modules = read_json(folder / "modules.json")
+    transformer_dir = folder / sentence_transformers_path(modules, "Transformer", default="")
+    if not (transformer_dir / "config.json").is_file():
+        raise ModelNotFound(f"model {name!r}: no config.json in {transformer_dir}")
+    remote_code = bool((read_json(transformer_dir / "config.json") or {}).get("auto_map"))
+    try:
+        hf_config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as error:
+        if remote_code and not trust_remote_code:
+            raise UnsupportedModel(REMOTE_CODE.format(name=name)) from error
+        raise UnsupportedModel(f"model {name!r}: cannot read its config.json: {error}") from error
+    architectures = getattr(hf_config, "architectures", None) or []
+    st_config = read_json(folder / "config_sentence_transformers.json") or {}
+    architecture = architectures[0] if architectures else ""
+    return Checkpoint(
+        name, folder, transformer_dir, modules, hf_config, architecture, st_config, remote_code, pooling_flag
+    )
