@@ -16,8 +16,9 @@ from scoring.rerank import RerankModel
 from scoring.templates import TextPrompts
 
 SCORE = "score"  # vLLM's /score: a pair's relevance, from whatever ranks
-POOLING = "pooling"  # vLLM's /pooling: a pooled vector, or token vectors
+POOLING = "pooling"  # vLLM's /pooling: a pooled vector, token vectors, or any head's own rows
 # where each task is served, for the error that names what a model can do; in the order /v1/models lists them
+# (a head's own task, outside this table, is served by /pooling: task_route)
 TASK_ROUTES = {
     EMBED: "/v1/embeddings",
     TOKEN_EMBED: "/pooling with task token_embed",
@@ -46,12 +47,14 @@ class ServedModel:
     def tasks(self) -> tuple[str, ...]:
         """Every task it serves: what it gives, then the routes that serve any model giving that (/score
         whatever ranks, /pooling whatever embeds or gives token vectors)."""
-        served = set(self.engine.output.tasks)
+        own = self.engine.output.tasks
+        served = set(own)
         if RERANK in served:
             served.add(SCORE)
         if served & {EMBED, TOKEN_EMBED}:
             served.add(POOLING)
-        return tuple(task for task in TASK_ROUTES if task in served)
+        listed = tuple(task for task in TASK_ROUTES if task in served)
+        return listed + tuple(task for task in own if task not in TASK_ROUTES)
 
     def rows(self, task: str) -> RowRequest:
         """What a request for `task` asks of the model's rows (bge-m3's embeddings: each text's first row,
@@ -60,7 +63,7 @@ class ServedModel:
 
     def served(self) -> list[str]:
         """Its tasks and where each is asked for, for errors."""
-        return [f"{task} ({TASK_ROUTES[task]})" for task in self.tasks]
+        return [f"{task} ({task_route(task)})" for task in self.tasks]
 
     def rerank_model(self) -> RerankModel:
         spec = self.spec
@@ -83,6 +86,11 @@ class ServedModel:
             prompts=prompts,
             late_interaction=self.late_interaction,
         )
+
+
+def task_route(task: str) -> str:
+    """Where a task is asked for: its route, or /pooling for a head's own task (a token classifier's)."""
+    return TASK_ROUTES.get(task, f"/pooling with task {task}")
 
 
 def listwise_model(spec: ModelSpec, encoder: TextEncoder, engine: EngineInterface) -> ListwiseModel | None:

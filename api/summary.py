@@ -83,4 +83,6 @@ def _task(spec: ModelSpec) -> str:
         return f"sparse weights over {spec.output_dim} tokens"
     if spec.listwise is not None:
         return "rerank scores, listwise (the documents in one prompt)"
-    return "rerank scores"
+    if spec.task == "score":
+        return "rerank scores"
+    return f"{spec.task} rows of {spec.output_dim} values (/pooling with task {spec.task})"  # a head's own

@@ -1,6 +1,7 @@
 """POST /pooling (vLLM's pooling API) and /v1/pooling: a text's pooled vector ("embed"), its token vectors
 ("token_embed": a ColBERT model's, a query's or a document's as `input_type` says, or bge-m3's ColBERT
-vectors) or bge-m3's three outputs from one forward ("all")."""
+vectors), bge-m3's three outputs from one forward ("all"), or the rows of a head's own task (a token
+classifier's "token_classify": a row of logits a token), as its HeadOutput declares them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from api.config import MAX_TOKEN_OUTPUT_FLOATS
 from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
 from api.inputs import check_texts
-from api.models import EMBED, TOKEN_EMBED, ServedModel
+from api.models import EMBED, TASK_ROUTES, TOKEN_EMBED, ServedModel
 from api.prompts import select_prompt
 from api.quantize import float_json
 from api.responses import EncodedJson, documented
@@ -44,6 +45,12 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         raise InvalidInput("input must not be empty", "input")
     check_texts(texts, server.config.max_inputs, "input")
     task = data.task or _own_task(server, data.model)
+    if task in TASK_ROUTES and task not in (EMBED, TOKEN_EMBED):
+        raise InvalidInput(
+            f"/pooling serves embed, token_embed, all (bge-m3) and a head's own task, not '{task}' "
+            f"({TASK_ROUTES[task]} serves it; GET /v1/models lists each model's tasks)",
+            "task",
+        )
     model = server.registry().get(data.model, TOKEN_EMBED if task == "all" else task)
     if task == "all" and not model.spec.m3:
         raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
@@ -53,9 +60,11 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         _token_ids(model, texts, data, is_query, server.config.auto_truncate, guard)
     )
     num_tokens = sum(map(len, sequences))
+    output = model.engine.output
     asked = ALL_ROWS if task == "all" else model.rows(task)  # bge-m3's all: its whole token rows
-    width = asked.width(model.engine.output)
-    if task != EMBED and num_tokens * width > MAX_TOKEN_OUTPUT_FLOATS:
+    width = asked.width(output)
+    token_rows = output.token_rows and not asked.first_rows
+    if task != EMBED and token_rows and num_tokens * width > MAX_TOKEN_OUTPUT_FLOATS:
         raise OutputTooLarge(num_tokens, "tokens", width, MAX_TOKEN_OUTPUT_FLOATS)
     rows = await guard.run(sequences, rows=asked)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
@@ -64,6 +73,9 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     elif task == TOKEN_EMBED:
         token_vectors = _token_vectors(model, sequences, rows, is_query)
         items = [_vectors(vectors, data.encoding_format) for vectors in token_vectors]
+    elif task != "all":  # a head's own task: its rows as it gives them, a text's matrix or vector
+        parts = split_rows(rows, [len(ids) for ids in sequences]) if token_rows else rows
+        items = [_vectors(part, data.encoding_format) for part in parts]
     else:
         unused = unused_token_ids(model.encoder.tokenizer, model.spec.path)
         items = [
@@ -85,10 +97,15 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
 
 
 def _own_task(server: Server, name: str | None) -> str:
-    """A request without a task gets its model's own: token_embed for a ColBERT model, else embed."""
+    """A request without a task gets its model's own that /pooling serves: embed for an embedder (bge-m3
+    too), token_embed for a ColBERT model, a head's own task (token_classify); else embed, which the model
+    lookup refuses by name."""
     models = server.registry().models
     named = models if name is None else [model for model in models if name in model.names]
-    return TOKEN_EMBED if named and named[0].spec.task == TOKEN_EMBED else EMBED
+    if not named:
+        return EMBED
+    pooled = [task for task in named[0].tasks if task in (EMBED, TOKEN_EMBED) or task not in TASK_ROUTES]
+    return pooled[0] if pooled else EMBED
 
 
 async def _token_ids(

@@ -55,8 +55,9 @@ class ScoreResponse(msgspec.Struct):
 
 class PoolingRequest(msgspec.Struct, kw_only=True):
     """vLLM's /pooling. `task`: "embed" (one vector a text), "token_embed" (a vector a token: ColBERT's,
-    bge-m3's ColBERT vectors) or posy's "all" (bge-m3: dense_vecs, lexical_weights and colbert_vecs from
-    one forward); None: the model's own (token_embed for ColBERT, else embed)."""
+    bge-m3's ColBERT vectors), posy's "all" (bge-m3: dense_vecs, lexical_weights and colbert_vecs from
+    one forward) or a head's own task ("token_classify": a token classifier's logits, a row a token); None:
+    the model's own (token_embed for ColBERT, a head's own task, else embed)."""
 
     input: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
     model: Annotated[
@@ -66,9 +67,11 @@ class PoolingRequest(msgspec.Struct, kw_only=True):
         ),
     ] = None
     task: Annotated[
-        Literal["embed", "token_embed", "all"] | None,
+        Annotated[str, msgspec.Meta(max_length=64)] | None,
         msgspec.Meta(
-            description="embed: a vector a text; token_embed: one a token (ColBERT); all: bge-m3's 3 outputs"
+            description="embed: a vector a text; token_embed: one a token (ColBERT); all: bge-m3's 3 "
+            "outputs; token_classify: a token classifier's logits, a row a token (GET /v1/models lists a "
+            "model's tasks)",
         ),
     ] = None
     encoding_format: Annotated[
@@ -91,8 +94,8 @@ class PoolingRequest(msgspec.Struct, kw_only=True):
 
 class PoolingData(msgspec.Struct):
     index: int
-    # embed: [dim]; token_embed: [num_tokens][dim] (base64: the [num_tokens, dim] float32 matrix's bytes);
-    # all: {"dense_vecs", "lexical_weights", "colbert_vecs"}
+    # embed: [dim]; token_embed, token_classify: [num_tokens][dim] (base64: the [num_tokens, dim] float32
+    # matrix's bytes); all: {"dense_vecs", "lexical_weights", "colbert_vecs"}
     data: Any
     object: str = "pooling"
 

@@ -134,7 +134,10 @@ class Classifier(Head):
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of num_seqs sequences -> [num_seqs, num_labels] float32
-        hidden = self.pooled(batch, meta, self.layout.pooling, self.layout.skip_token)
+        return self.labels(self.pooled(batch, meta, self.layout.pooling, self.layout.skip_token))
+
+    def labels(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [rows, hidden] finished rows -> [rows, num_labels] float32: the layout's layers after pooling
         hidden = hidden.to(self.out.weight.dtype)  # a mean is float32
         if self.dense is not None:
             hidden = self.act(self.dense(hidden))

@@ -28,6 +28,7 @@ from engine.models.late_interaction import detect_colbert
 from engine.models.listwise import detect_listwise
 from engine.models.modernbert import ModernBertBackbone
 from engine.models.sparse import detect_splade
+from engine.models.token_classifier import detect_token_classifier
 
 if TYPE_CHECKING:
     from engine.checkpoint.folder import Checkpoint
@@ -201,6 +202,7 @@ HEAD_DETECTORS: tuple[Callable[[Checkpoint], HeadSpec | None], ...] = (
     detect_colbert,
     detect_splade,
     detect_listwise,
+    detect_token_classifier,
 )
 
 
