@@ -22,10 +22,11 @@ from api.config import (
     MAX_REQUEST_TOKENS,
     REQUEST_TIMEOUT_S,
     SHUTDOWN_TIMEOUT_S,
+    EngineFlags,
     ServerConfig,
 )
 from api.refusal import cannot_serve, serve_or_refuse
-from engine.checkpoint.source import POOLING_FLAGS
+from engine.checkpoint.source import POOLING_FLAGS, ModelFlags
 from engine.config import MODEL_IMPLS
 
 
@@ -257,6 +258,33 @@ def bundled_or(model: str) -> str | None:
     return None if model in BUNDLED_NAMES and not Path(model).is_dir() else model
 
 
+def engine_flags(args: argparse.Namespace) -> EngineFlags:
+    """add_engine_flags' engine flags; --shared-prefixes is `posy serve`'s."""
+    shared_prefixes = getattr(args, "shared_prefixes", "on") == "on"
+    return EngineFlags(
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        cuda_graphs=args.cuda_graphs,
+        quantization=args.quantization,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_seqs=args.max_batch_seqs,
+        max_queue_tokens=args.max_queue_tokens,
+        shared_prefixes=shared_prefixes,
+    )
+
+
+def model_flags(args: argparse.Namespace) -> ModelFlags:
+    """add_engine_flags' flags of how a model is read."""
+    return ModelFlags(
+        bidirectional=args.bidirectional,
+        max_model_len=args.max_model_len,
+        model_impl=args.model_impl,
+        trust_remote_code=args.trust_remote_code,
+        pooling=args.pooling,
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     models = tuple(map(bundled_or, args.model)) if args.model else (None,)
     names = tuple(tuple(part for part in value.split(",") if part) for value in args.served_model_name or ())
@@ -265,23 +293,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         served_model_names=names,
         host=args.host,
         port=args.port,
-        device=args.device,
-        dtype=args.dtype,
-        attention_backend=args.attention_backend,
-        cuda_graphs=args.cuda_graphs,
-        quantization=args.quantization,
+        engine=engine_flags(args),
+        model_flags=model_flags(args),
         replicas=args.replicas,
         api_workers=args.api_workers or 1,
-        bidirectional=args.bidirectional,
-        max_model_len=args.max_model_len,
-        pooling=args.pooling,
-        model_impl=args.model_impl,
-        trust_remote_code=args.trust_remote_code,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_seqs=args.max_batch_seqs,
-        max_queue_tokens=args.max_queue_tokens,
         auto_truncate=args.auto_truncate,
-        shared_prefixes=args.shared_prefixes == "on",
         accept_token_ids=args.accept_token_ids,
         api_key=args.api_key,
         max_inputs=args.max_inputs,
@@ -318,10 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     os.environ.setdefault(*OMP_WAIT_POLICY)  # before torch is first imported, here and in what starts here
     from engine.device import resolve_device
-    from engine.replicas import replica_count
+    from engine.replicas.replica_set import replica_count
 
     try:
-        device = resolve_device(config.device)
+        device = resolve_device(config.engine.device)
         num_replicas = replica_count(config.replicas, device)
     except ValueError as error:
         return cannot_serve(error)

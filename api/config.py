@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from engine.checkpoint.source import ModelFlags
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -36,6 +38,36 @@ SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
+class EngineFlags:
+    """The engine flags `posy serve` and `posy embed` share."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    cuda_graphs: str = "lazy"
+    quantization: str = "none"  # EngineConfig's
+    # None: the device's default, raised to the largest model window
+    max_batch_tokens: int | None = None
+    max_batch_seqs: int = 512
+    max_queue_tokens: int | None = None
+    # a causal judge's pairs run their shared prefix once a batch where that pays (EngineConfig's)
+    shared_prefixes: bool = True
+
+    def engine_config(self, max_window: int) -> EngineConfig:
+        """The engine config these flags ask for, with device and dtype resolved, for models whose largest
+        window is `max_window`."""
+        from engine.config import sized_for
+        from engine.device import resolve_device, resolve_dtype
+
+        device = resolve_device(self.device)
+        config = sized_for(
+            max_window, device, resolve_dtype(self.dtype, device), self.attention_backend, self.cuda_graphs,
+            self.max_batch_tokens, self.max_batch_seqs, self.max_queue_tokens, self.quantization,
+        )  # fmt: skip
+        return replace(config, shared_prefixes=self.shared_prefixes)
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     # model paths or hub ids; None is the bundled all-MiniLM-L6-v2
     models: tuple[str | None, ...] = (None,)
@@ -43,11 +75,9 @@ class ServerConfig:
     served_model_names: tuple[tuple[str, ...], ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000
-    device: str = "auto"
-    dtype: str = "auto"
-    attention_backend: str = "auto"
-    cuda_graphs: str = "lazy"
-    quantization: str = "none"  # EngineConfig's
+    engine: EngineFlags = EngineFlags()
+    # how every model is read (--bidirectional, --max-model-len, --model-impl, --trust-remote-code, --pooling)
+    model_flags: ModelFlags = ModelFlags()
     # engine replicas per model: one runs in the server process, more run as worker processes the
     # gateway splits requests over; None: one per visible GPU, one on CPU
     replicas: int | None = None
@@ -59,22 +89,7 @@ class ServerConfig:
     engine_process: bool = False
     # threads a gateway splits a large request's tokenization over (its share of the cores)
     tokenizer_threads: int = 2
-    # a decoder embedder runs without its causal mask (mean-pooled), whatever its config says
-    bidirectional: bool = False
-    model_impl: str = "auto"  # engine/config.py MODEL_IMPLS
-    trust_remote_code: bool = False
-    # caps every model's window (vLLM's --max-model-len); None: the model's own
-    max_model_len: int | None = None
-    # TEI's --pooling (engine/checkpoint/source.py POOLING_FLAGS) in place of each model's own; None: the
-    # folder's
-    pooling: str | None = None
-    # None: the device's default, raised to the largest model window
-    max_batch_tokens: int | None = None
-    max_batch_seqs: int = 512
-    max_queue_tokens: int | None = None
     auto_truncate: bool = False
-    # a causal judge's pairs run their shared prefix once a batch where that pays (EngineConfig's)
-    shared_prefixes: bool = True
     # OpenAI token-id inputs are the served model's own ids only where this is set: the OpenAI ecosystem's
     # clients (LangChain's OpenAIEmbeddings by default) send tiktoken's, which would embed other text
     accept_token_ids: bool = False
@@ -96,29 +111,3 @@ class ServerConfig:
     # SIGTERM: seconds of 503 before the listener closes, then seconds for admitted work to finish
     drain_grace: float = DRAIN_GRACE_S
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_S
-
-
-class EngineFlags(Protocol):
-    """The engine flags `posy serve` and `posy embed` share, as ServerConfig and JobConfig hold them."""
-
-    device: str
-    dtype: str
-    attention_backend: str
-    cuda_graphs: str
-    quantization: str
-    max_batch_tokens: int | None
-    max_batch_seqs: int
-    max_queue_tokens: int | None
-
-
-def engine_config_for(flags: EngineFlags, max_window: int) -> EngineConfig:
-    """The engine config these flags ask for, with device and dtype resolved, for models whose largest
-    window is `max_window`."""
-    from engine.config import sized_for
-    from engine.device import resolve_device, resolve_dtype
-
-    device = resolve_device(flags.device)
-    return sized_for(
-        max_window, device, resolve_dtype(flags.dtype, device), flags.attention_backend, flags.cuda_graphs,
-        flags.max_batch_tokens, flags.max_batch_seqs, flags.max_queue_tokens, flags.quantization,
-    )  # fmt: skip

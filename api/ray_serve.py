@@ -42,8 +42,9 @@ def deployment(config: ServerConfig, min_replicas: int, max_replicas: int, gpus:
     if not 1 <= min_replicas <= max_replicas:
         raise ValueError(f"need 1 <= min replicas ({min_replicas}) <= max replicas ({max_replicas})")
     # inside a replica: one engine in its own process on the one GPU Ray gave it, one gateway
+    device = "cuda" if gpus and config.engine.device != "cpu" else config.engine.device
     replica_config = dataclasses.replace(
-        config, replicas=1, api_workers=1, device="cuda" if gpus and config.device != "cpu" else config.device
+        config, replicas=1, api_workers=1, engine=dataclasses.replace(config.engine, device=device)
     )
     options: dict[str, Any] = {
         "name": APP_NAME,
@@ -88,7 +89,7 @@ def serve_on_ray(
     ray.init(address=None if address == "auto" else address, logging_level=logging.WARNING)
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        use_gpus = gpus > 0 and config.device != "cpu"
+        use_gpus = gpus > 0 and config.engine.device != "cpu"
         minimum = min_replicas or (gpus if use_gpus else 1)
         application = deployment(config, minimum, max_replicas or minimum, use_gpus)
         serve.start(http_options={"host": config.host, "port": config.port})

@@ -4,7 +4,6 @@ connects to replicas another process started (one ReplicaHandles per model)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -12,7 +11,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
-from api.config import ServerConfig, engine_config_for
+from api.config import ServerConfig
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel, listwise_model
@@ -25,7 +24,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.interface import EngineInterface
-from engine.replicas import ReplicaHandles, ReplicaSet, replica_count
+from engine.replicas.replica_set import ReplicaHandles, ReplicaSet, replica_count
 from scoring.late_interaction import LateInteraction
 from scoring.templates import pair_prompt
 
@@ -196,7 +195,7 @@ class Server:
 
     def source(self, model: str | None) -> ModelSource:
         """A --model as the server's flags read it."""
-        return ModelSource.of(model, self.config)
+        return ModelSource(model, self.config.model_flags)
 
     def _resolve_one(self, model: str | None) -> ModelSpec:
         spec = self.source(model).resolve()
@@ -206,8 +205,7 @@ class Server:
         return spec
 
     def engine_config(self, max_window: int) -> EngineConfig:
-        config = engine_config_for(self.config, max_window)
-        return dataclasses.replace(config, shared_prefixes=self.config.shared_prefixes)
+        return self.config.engine.engine_config(max_window)
 
     def names(self, index: int, spec: ModelSpec) -> tuple[str, ...]:
         given = self.config.served_model_names

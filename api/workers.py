@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from api.config import ServerConfig
 from api.summary import startup_summary
-from engine.replicas import ReplicaHandles
+from engine.replicas.replica_set import ReplicaHandles
 
 logger = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 0.2

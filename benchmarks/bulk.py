@@ -60,9 +60,11 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     from api.bulk.config import JobConfig
     from api.bulk.job import run_job
     from api.bulk.output import read_output
+    from api.config import EngineFlags
     from api.tokenize import TextEncoder
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
+    from engine.checkpoint.source import ModelSource
     from engine.config import sized_for
 
     plan = SMOKE if getattr(options, "smoke", False) else FULL
@@ -100,8 +102,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         loop.close()
 
     job = JobConfig(
-        input=str(path), output=str(folder / "vectors"), model=str(checkpoint.folder),
-        shard_rows=plan.shard_rows, device=plan.device, dtype=plan.dtype, attention_backend=options.backend,
+        input=str(path), output=str(folder / "vectors"), source=ModelSource(str(checkpoint.folder)),
+        shard_rows=plan.shard_rows, engine=EngineFlags(plan.device, plan.dtype, options.backend),
     )  # fmt: skip
     try:
         result = asyncio.run(run_job(job))

@@ -168,8 +168,9 @@ def test_a_serve_config_files_app_builder_takes_posy_flags_and_autoscaling_bound
     autoscaling = deployment._deployment_config.autoscaling_config
     assert (deployment.name, autoscaling.min_replicas, autoscaling.max_replicas) == ("posy", 1, 3)
     (config,) = deployment.init_args
-    assert config.max_batch_tokens == 8192 and config.auto_truncate
-    assert (config.replicas, config.api_workers, config.device) == (1, 1, "cuda")  # one engine per replica
+    assert config.engine.max_batch_tokens == 8192 and config.auto_truncate
+    # one engine per replica
+    assert (config.replicas, config.api_workers, config.engine.device) == (1, 1, "cuda")
     assert deployment.ray_actor_options["num_gpus"] == 1
     with pytest.raises(ValueError, match="min replicas"):
         app_builder({"min_replicas": 3, "max_replicas": 2, "gpus": False})

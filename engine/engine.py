@@ -27,7 +27,7 @@ from engine.prefixes import (
     prefix_pays,
     tokens_to_run,
 )
-from engine.replica_protocol import Capabilities
+from engine.replicas.protocol import Capabilities
 from engine.request import EngineOutput, EngineRequest, FutureRequest
 from engine.runner import ModelRunner
 from engine.scheduler import QueuedRequest, ScheduledSequence, Scheduler
@@ -117,7 +117,7 @@ class Engine:
         return described
 
     def capabilities(self) -> Capabilities:
-        """What it gives and does, for a replica's gateways (engine/replica_protocol.py)."""
+        """What it gives and does, for a replica's gateways (engine/replicas/protocol.py)."""
         shared_from = self.min_saved_tokens if self.shares_prefixes else None
         return Capabilities(self.output, shared_from, self.describe())
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Coroutine
 
 from api.bulk.config import DEFAULT_SHARD_ROWS, JobConfig
+from engine.checkpoint.source import ModelSource
 
 
 def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
@@ -65,8 +66,13 @@ def add_embed_command(commands, add_engine_flags) -> argparse.ArgumentParser:
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:
-    """Every JobConfig field is the flag of its name."""
-    return JobConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(JobConfig)})
+    """The model and its flags, the engine flags, and every other JobConfig field the flag of its name."""
+    from api.cli import engine_flags, model_flags
+
+    nested = {"source": ModelSource(args.model, model_flags(args)), "engine": engine_flags(args)}
+    flat = {field.name: getattr(args, field.name) for field in dataclasses.fields(JobConfig)
+            if field.name not in nested}  # fmt: skip
+    return JobConfig(**nested, **flat)
 
 
 def run_embed(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ from api.bulk.chunk_tokenizer import ChunkTokenizer, Tokenization, default_num_p
 from api.bulk.config import JobConfig
 from api.bulk.errors import JobError
 from api.bulk.output import fixed_size_vectors, sparse_vectors, token_vectors
-from api.config import engine_config_for
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.prompts import select_prompt
@@ -46,7 +45,7 @@ class JobModel:
         if config.shard_rows < 1:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
-            spec = config.source().resolve()
+            spec = config.source.resolve()
             if spec.task not in JOB_TASKS:
                 raise JobError(
                     f"{spec.name} is a {spec.task} model: posy embed runs embedding models (a vector a "
@@ -58,7 +57,7 @@ class JobModel:
             prompt = select_prompt(
                 spec.prompts, config.input_type, config.prompt_name, spec.default_prompt_name
             )
-            engine_config = engine_config_for(config, spec.max_seq_length)
+            engine_config = config.engine.engine_config(spec.max_seq_length)
         except (InvalidInput, ValueError) as error:
             raise JobError(str(error)) from error
         is_query = spec.colbert is not None and config.input_type in QUERY_INPUT_TYPES

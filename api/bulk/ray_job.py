@@ -60,16 +60,15 @@ def run_ray_job(config: JobConfig, address: str, num_workers: int | None) -> flo
     ray.init(address=None if address == "auto" else address, logging_level=logging.WARNING)
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        use_gpus = gpus > 0 and config.device != "cpu"
+        use_gpus = gpus > 0 and config.engine.device != "cpu"
         workers = num_workers or (gpus if use_gpus else 1)
         tokenizer_processes = config.tokenizer_processes
         if tokenizer_processes is None:  # the cluster's cores shared by the workers, not each a node's
             cpus = int(ray.cluster_resources().get("CPU", 1))
             tokenizer_processes = min(MAX_DEFAULT_PROCESSES, max(2, cpus // workers // 2)) if use_gpus else 0
         # a worker sees only its own GPU: "cuda:N" would name one it does not have
-        worker_config = dataclasses.replace(
-            config, device="cuda" if use_gpus else "cpu", tokenizer_processes=tokenizer_processes
-        )
+        engine = dataclasses.replace(config.engine, device="cuda" if use_gpus else "cpu")
+        worker_config = dataclasses.replace(config, engine=engine, tokenizer_processes=tokenizer_processes)
         started = time.perf_counter()
         dataset = _read(ray, source_format, config)
         dataset = dataset.map_batches(

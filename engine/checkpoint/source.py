@@ -4,7 +4,7 @@ record a replica process or a bulk job's worker gets to resolve the same ModelSp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.checkpoint.spec import ModelSpec
@@ -14,39 +14,28 @@ if TYPE_CHECKING:
 POOLING_FLAGS = {"cls": "cls", "mean": "mean", "last-token": "last", "splade": "splade"}
 
 
-class ModelFlags(Protocol):
-    """The flags that change how a model is read, as `posy serve`'s ServerConfig and `posy embed`'s
-    JobConfig hold them."""
-
-    bidirectional: bool
-    max_model_len: int | None
-    model_impl: str
-    trust_remote_code: bool
-    pooling: str | None
-
-
 @dataclass(frozen=True, slots=True)
-class ModelSource:
-    model: str | None = None  # a folder or hub id; None is the bundled all-MiniLM-L6-v2
+class ModelFlags:
+    """The flags that change how a model is read, `posy serve`'s and `posy embed`'s."""
+
     bidirectional: bool = False  # a decoder embedder without its causal mask
     max_model_len: int | None = None  # caps the window
     model_impl: str = "auto"  # engine/config.py MODEL_IMPLS
     trust_remote_code: bool = False  # the transformers fallback may run code in the folder
     pooling: str | None = None  # --pooling (POOLING_FLAGS); None: the folder's own
 
-    @classmethod
-    def of(cls, model: str | None, flags: ModelFlags) -> ModelSource:
-        """`model` read as these flags say."""
-        return cls(
-            model, flags.bidirectional, flags.max_model_len, flags.model_impl, flags.trust_remote_code,
-            flags.pooling,
-        )  # fmt: skip
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    model: str | None = None  # a folder or hub id; None is the bundled all-MiniLM-L6-v2
+    flags: ModelFlags = ModelFlags()
 
     def resolve(self) -> ModelSpec:
         """Find the files and read the spec (engine/checkpoint/resolve.py resolve_model)."""
         from engine.checkpoint.resolve import resolve_model
 
+        flags = self.flags
         return resolve_model(
-            self.model, self.bidirectional, self.max_model_len, self.model_impl, self.trust_remote_code,
-            self.pooling,
+            self.model, flags.bidirectional, flags.max_model_len, flags.model_impl, flags.trust_remote_code,
+            flags.pooling,
         )  # fmt: skip

@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -19,11 +20,15 @@ from api.bulk import cli, job, job_model, progress
 from api.bulk.config import JobConfig
 from api.bulk.output import MANIFEST, read_output, shard_file
 from api.cli import build_parsers
+from api.config import EngineFlags
+from engine.checkpoint.source import ModelSource
 from engine.errors import EngineError
 from engine.outputs import ALL_ROWS
 from tests.conftest import embedder_output
 
 NUM_ROWS = 5000
+CPU = EngineFlags("cpu")
+CPU_FP32 = EngineFlags("cpu", "float32")
 
 
 class StandInEngine:
@@ -70,7 +75,7 @@ def run_with(monkeypatch, engine, config):
 
 def test_shards_are_written_in_input_order_and_the_queue_never_overruns(corpus, tmp_path, monkeypatch):
     config = JobConfig(
-        str(corpus), str(tmp_path / "out"), shard_rows=700, max_queue_tokens=8192, device="cpu"
+        str(corpus), str(tmp_path / "out"), shard_rows=700, engine=EngineFlags("cpu", max_queue_tokens=8192)
     )
     engine = StandInEngine()
     monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)  # 50 chunks: many in flight at once
@@ -91,7 +96,7 @@ def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tm
     output = tmp_path / "out"
     monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
     late = (
-        job_model.JobModel.load(JobConfig(str(corpus), str(output), device="cpu"))
+        job_model.JobModel.load(JobConfig(str(corpus), str(output), engine=CPU))
         .tokenization.encoder()
         .content_ids(["late"])[0][0]
     )
@@ -105,7 +110,7 @@ def test_a_model_failure_midway_keeps_the_finished_shards_and_exits_1(corpus, tm
     manifest = json.loads((output / MANIFEST).read_text())
     assert not manifest["complete"] and sorted(map(int, manifest["shards"])) == [0, 1, 2, 3, 4]
     # the rerun, with a working model, takes them up and completes
-    rerun = JobConfig(str(corpus), str(output), shard_rows=700, device="cpu")
+    rerun = JobConfig(str(corpus), str(output), shard_rows=700, engine=CPU)
     assert run_with(monkeypatch, StandInEngine(), rerun).skipped_rows == FAILING_FROM
     assert read_output(str(output)).column("id").to_pylist() == list(range(NUM_ROWS))
 
@@ -122,7 +127,7 @@ def test_progress_moves_a_chunk_at_a_time(corpus, tmp_path, monkeypatch):
 
     monkeypatch.setattr(job.JobProgress, "embedded", record)
     monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
-    config = JobConfig(str(corpus), str(tmp_path / "out"), shard_rows=NUM_ROWS, device="cpu")
+    config = JobConfig(str(corpus), str(tmp_path / "out"), shard_rows=NUM_ROWS, engine=CPU)
     result = run_with(monkeypatch, StandInEngine(), config)
     assert calls == [100] * 50 and result.rows == NUM_ROWS
 
@@ -170,7 +175,7 @@ def test_every_input_shows_a_total_rows_per_s_and_an_eta_but_a_stream_says_it_ha
     monkeypatch.setattr(job_model, "CHUNK_TEXTS", 100)
     path, given_format = write_input(corpus, tmp_path, name)
     output = str(tmp_path / "out")
-    config = JobConfig(str(path), output, input_format=given_format, shard_rows=700, device="cpu")
+    config = JobConfig(str(path), output, input_format=given_format, shard_rows=700, engine=CPU)
     with caplog.at_level(logging.INFO, logger="api.bulk.job"):
         assert run_with(monkeypatch, AfterTheCount(), config).rows == NUM_ROWS
     lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("embedded")]
@@ -193,7 +198,7 @@ def test_a_bge_m3_job_writes_its_dense_vectors(minilm_path, tmp_path):
     texts = [f"text {index} about cats and trains" for index in range(40)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
     config = JobConfig(
-        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(folder), device="cpu", dtype="float32"
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(folder)), engine=CPU_FP32
     )
     result = asyncio.run(job.run_job(config))
     assert result.rows == len(texts)
@@ -213,7 +218,7 @@ def test_a_splade_job_writes_each_texts_sparse_vector(minilm_path, tmp_path):
     texts = [f"text {index} about cats and trains" for index in range(30)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
     config = JobConfig(
-        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(folder), device="cpu", dtype="float32"
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(folder)), engine=CPU_FP32
     )
     assert asyncio.run(job.run_job(config)).rows == len(texts)
     written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()
@@ -224,7 +229,7 @@ def test_a_splade_job_writes_each_texts_sparse_vector(minilm_path, tmp_path):
         assert vector["indices"] == np.flatnonzero(weights).tolist()
         np.testing.assert_allclose(vector["values"], weights[weights != 0], atol=1e-5, rtol=1e-5)
     with pytest.raises(job_model.JobError, match="sparse"):
-        job_model.JobModel.load(JobConfig(config.input, config.output, model=str(folder), dimensions=8))
+        job_model.JobModel.load(replace(config, dimensions=8))
 
 
 @pytest.mark.parametrize("input_type", [None, "query"])
@@ -240,8 +245,8 @@ def test_a_colbert_job_writes_each_texts_token_vectors(minilm_path, tmp_path, in
     texts = ["Cats eat fish, mostly.", "trains run on rails!", "Dogs; cats! and fish?", "word " * 40]
     pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
     config = JobConfig(
-        str(tmp_path / "in.parquet"), str(tmp_path / "out"), model=str(pylate), device="cpu",
-        dtype="float32", input_type=input_type, tokenizer_processes=1,
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(pylate)), engine=CPU_FP32,
+        input_type=input_type, tokenizer_processes=1,
     )  # fmt: skip
     assert asyncio.run(job.run_job(config)).rows == len(texts)
     written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()

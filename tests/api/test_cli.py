@@ -51,7 +51,7 @@ def test_flags_and_aliases():
     )
     assert config.models == ("a", "b")
     assert config.served_model_names == (("x", "y"), ("z",))
-    assert config.auto_truncate and config.max_batch_tokens == 8192 and config.api_key == "k"
+    assert config.auto_truncate and config.engine.max_batch_tokens == 8192 and config.api_key == "k"
 
 
 def test_environment_twins_and_command_line_precedence():
@@ -169,7 +169,7 @@ def test_pooling_splade_reaches_the_model_spec_of_serve_and_embed(tmp_path, mini
     assert spec.task == "sparse_embed" and spec.splade is not None
     parser, _, _ = build_parsers()
     args = parser.parse_args(["embed", "in.csv", "--output", "out", "--model", folder, "--pooling", "splade"])
-    assert job_config(args).source().resolve().task == "sparse_embed"
+    assert job_config(args).source.resolve().task == "sparse_embed"
     with pytest.raises(SystemExit):
         parse(["serve", "--pooling", "max"])  # not one of TEI's values
 
@@ -190,9 +190,9 @@ def test_shared_prefixes_flag_reaches_the_engine_config(tmp_path):
     from api.server import Server
     from tests.engine.test_qwen3_parity import save_random_qwen3
 
-    assert parse(["serve"]).shared_prefixes
-    assert not parse(["serve", "--shared-prefixes", "off"]).shared_prefixes
-    assert not parse(["serve"], {"POSY_SHARED_PREFIXES": "off"}).shared_prefixes
+    assert parse(["serve"]).engine.shared_prefixes
+    assert not parse(["serve", "--shared-prefixes", "off"]).engine.shared_prefixes
+    assert not parse(["serve"], {"POSY_SHARED_PREFIXES": "off"}).engine.shared_prefixes
     with pytest.raises(SystemExit):
         parse(["serve", "--shared-prefixes", "sometimes"])
     save_random_qwen3(tmp_path, "Qwen3ForCausalLM")
@@ -249,7 +249,7 @@ def test_embed_flags_share_the_engine_flags_and_environment_twins():
         "doc",
         "text",
     )
-    assert config.shard_rows == 1000 and config.device == "cpu" and config.dtype == "float32"
+    assert config.shard_rows == 1000 and config.engine.device == "cpu" and config.engine.dtype == "float32"
     assert config.dimensions == 128 and args.ray is None
     assert parser.parse_args(["embed", "in.csv", "--output", "o", "--ray"]).ray == "auto"
     assert parser.parse_args(["serve", "--ray", "10.0.0.1:6379"]).ray == "10.0.0.1:6379"

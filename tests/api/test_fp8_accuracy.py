@@ -9,7 +9,7 @@ from litestar.testing import TestClient
 from scipy.stats import spearmanr
 
 from api.app import create_app
-from api.config import ServerConfig
+from api.config import EngineFlags, ServerConfig
 from benchmarks.texts import STS_TEST, read_sts
 
 FLOAT32_SPEARMAN = 82.03  # posy's and sentence-transformers' (compat_tests/test_sts_benchmark.py)
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason="the STS Benchmar
 def servers():
     with (
         TestClient(create_app(ServerConfig())) as plain,
-        TestClient(create_app(ServerConfig(quantization="fp8"))) as fp8,
+        TestClient(create_app(ServerConfig(engine=EngineFlags(quantization="fp8")))) as fp8,
     ):
         yield plain, fp8
 

@@ -13,10 +13,10 @@ from transformers import AutoModel
 
 from api.app import create_app
 from api.config import ServerConfig
-from engine.checkpoint.source import ModelSource
+from engine.checkpoint.source import ModelFlags, ModelSource
 from engine.config import EngineConfig
 from engine.outputs import RowRequest
-from engine.replicas import ReplicaSet
+from engine.replicas.replica_set import ReplicaSet
 
 TOLERANCE = 1e-5
 CHUNKS = [
@@ -64,7 +64,7 @@ def test_each_chunk_is_the_mean_of_its_tokens_read_with_the_whole_document(
 
 def test_a_document_past_the_window_is_read_in_passes_at_chunk_borders(minilm_path, minilm_tokenizer):
     """A 32-token window, 30 of them for text: the chunks of 7, 18, 11 and 12 tokens go two by two."""
-    with TestClient(create_app(ServerConfig(max_model_len=32))) as client:
+    with TestClient(create_app(ServerConfig(model_flags=ModelFlags(max_model_len=32)))) as client:
         vectors, _ = embedded(client, input=CHUNKS, late_chunking=True)
         too_long = client.post("/v1/embeddings", json={"input": [CHUNKS[1] * 3], "late_chunking": True})
         cut, _ = embedded(client, input=[CHUNKS[1] * 3], late_chunking=True, truncate_prompt_tokens=-1)

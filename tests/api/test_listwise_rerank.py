@@ -15,9 +15,9 @@ from api.config import ServerConfig
 from benchmarks.token_checkpoints import listwise_checkpoint, listwise_reference
 from engine.build import build_engine
 from engine.checkpoint.resolve import resolve_model
-from engine.checkpoint.source import ModelSource
+from engine.checkpoint.source import ModelFlags, ModelSource
 from engine.config import EngineConfig
-from engine.replicas import ReplicaSet
+from engine.replicas.replica_set import ReplicaSet
 from scoring.listwise import ListwisePrompt, _blocks
 
 TOLERANCE = 1e-5
@@ -150,7 +150,7 @@ def test_documents_are_cut_to_max_tokens_per_doc(client, reference):
 
 def test_documents_that_overrun_the_window_are_split_over_prompts_that_fit(folder):
     """A 400-token window: twelve documents of ~60 tokens need several prompts, each within it."""
-    config = ServerConfig(models=(str(folder),), max_model_len=400)
+    config = ServerConfig(models=(str(folder),), model_flags=ModelFlags(max_model_len=400))
     documents = [
         f"{index} cats eat fish and the weather is cold today, rain is coming" * 3 for index in range(12)
     ]

@@ -167,7 +167,7 @@ def test_replicas_give_a_token_heads_rows_as_the_engine_in_process(folders):
     token, in order, as the in-process engine gives them (queries with their query-only expansion too);
     and MaxSim scores against a query that each chunk carries."""
     from engine.checkpoint.source import ModelSource
-    from engine.replicas import ReplicaSet
+    from engine.replicas.replica_set import ReplicaSet
 
     spec = resolve_model(str(folders[1]))
     late, queries, documents = token_ids(spec)

@@ -174,11 +174,11 @@ def test_server_on_cuda_serves_embeddings_and_rerank(bert):
     from litestar.testing import TestClient
 
     from api.app import create_app
-    from api.config import ServerConfig
+    from api.config import EngineFlags, ServerConfig
 
     folder, reference = bert
     texts = ["w1 w2 w3", "w10 " * 300, "w7"]
-    with TestClient(create_app(ServerConfig(models=(str(folder),), device="cuda"))) as client:
+    with TestClient(create_app(ServerConfig(models=(str(folder),), engine=EngineFlags("cuda")))) as client:
         response = client.post("/v1/embeddings", json={"input": texts})
         assert response.status_code == 200, response.text
         ours = torch.tensor([item["embedding"] for item in response.json()["data"]])

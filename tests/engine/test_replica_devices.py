@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from engine import replicas
+from engine.replicas import replica_set as replicas
 
 
 @pytest.fixture

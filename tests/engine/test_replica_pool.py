@@ -12,12 +12,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine import replica_link
 from engine.errors import BehindDeadline, EngineError
 from engine.outputs import ALL_ROWS, EMBED, SEQUENCE, HeadOutput, RowRequest
-from engine.replica import serve
-from engine.replica_pool import ReplicaOverloaded, ReplicaPool
-from engine.replica_protocol import Capabilities
+from engine.replicas import link as replica_link
+from engine.replicas.pool import ReplicaOverloaded, ReplicaPool
+from engine.replicas.protocol import Capabilities
+from engine.replicas.replica import serve
 
 
 class StandInEngine:

@@ -18,9 +18,9 @@ from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.prefixes import split_by_tokens
-from engine.replica_pool import _exception
-from engine.replica_protocol import Failure
-from engine.replicas import ReplicaSet
+from engine.replicas.pool import _exception
+from engine.replicas.protocol import Failure
+from engine.replicas.replica_set import ReplicaSet
 
 # small batches, so that even a few hundred short texts make several chunks
 CONFIG = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=2048, max_queue_tokens=64 * 4096)

@@ -230,7 +230,7 @@ def test_replicas_run_a_prefix_once_a_chunk_and_give_the_whole_pairs_rows(tmp_pa
 
     from engine.checkpoint.source import ModelSource
     from engine.config import EngineConfig
-    from engine.replicas import ReplicaSet
+    from engine.replicas.replica_set import ReplicaSet
 
     # a 128-token budget: 12 suffixes of 30 tokens after a 20-token prefix go as 4 chunks of 3, each
     # with the prefix once, through the gateway's pool and a replica process's rings

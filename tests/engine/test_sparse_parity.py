@@ -114,7 +114,7 @@ def test_bge_m3_dense_requests_take_only_their_first_rows_off_the_device(minilm_
     in a batch beside a request for every token's rows, and through two replica processes in chunks as in
     process."""
     from engine.checkpoint.source import ModelSource
-    from engine.replicas import ReplicaSet
+    from engine.replicas.replica_set import ReplicaSet
 
     folder = m3_checkpoint(minilm_path, tmp_path / "m3")
     spec = resolve_model(str(folder))

@@ -103,7 +103,10 @@ def test_every_tokens_logits_match_transformers(checkpoint):
     with torch.inference_mode():
         ours = model(pack(sequences)).numpy()
     expected = reference_logits(reference, sequences)
-    assert ours.dtype == np.float32 and ours.shape == expected.shape == (sum(map(len, sequences)), spec.num_labels)
+    assert ours.dtype == np.float32 and ours.shape == expected.shape == (
+        sum(map(len, sequences)),
+        spec.num_labels,
+    )
     np.testing.assert_allclose(ours, expected, atol=TOLERANCE, rtol=0)
 
 
@@ -111,7 +114,7 @@ def test_in_process_and_through_two_replicas(minilm_path, tmp_path):
     """The engine in process and two replica processes (chunks of at most 64 tokens) give the same rows as
     the model, every sequence's token rows in input order."""
     from engine.checkpoint.source import ModelSource
-    from engine.replicas import ReplicaSet
+    from engine.replicas.replica_set import ReplicaSet
 
     folder, reference = token_classifier(minilm_path, tmp_path / "bert", "bert")
     spec = resolve_model(str(folder))
@@ -138,7 +141,9 @@ def test_pooling_serves_a_tokens_logits_and_names_the_task(minilm_path, tmp_path
     folder, reference = token_classifier(minilm_path, tmp_path / "bert", "bert")
     spec = resolve_model(str(folder))
     sequences = token_ids(spec, TEXTS)
-    expected = np.split(reference_logits(reference, sequences), np.cumsum([len(ids) for ids in sequences])[:-1])
+    expected = np.split(
+        reference_logits(reference, sequences), np.cumsum([len(ids) for ids in sequences])[:-1]
+    )
     config = ServerConfig(models=(str(folder),), served_model_names=(("ner",),))
     with TestClient(create_app(config)) as client:
         [model] = client.get("/v1/models").json()["data"]

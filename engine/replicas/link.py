@@ -1,6 +1,6 @@
 """ReplicaLink: a gateway's connection to one engine replica on its event loop: a non-blocking Unix
 stream socket that the loop reads as frames arrive (no thread, no task), the request ring this gateway
-writes token ids into and the reply ring the replica writes rows into (engine/shm_ring.py)."""
+writes token ids into and the reply ring the replica writes rows into (engine/replicas/shm_ring.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.outputs import ALL_ROWS, RowRequest
-from engine.replica_protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
-from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
+from engine.replicas.protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
+from engine.replicas.shm_ring import Mapping, RingWriter, read_spill, write_spill
 
 REQUEST_RING_BYTES = 8 << 20  # about 2M tokens in flight; more go through spill files
 REPLY_RING_BYTES = 16 << 20  # rows on their way to the gateway, which copies them out on arrival

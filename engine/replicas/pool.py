@@ -21,8 +21,8 @@ from engine.batch import check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
-from engine.replica_link import ReplicaLink
-from engine.replica_protocol import Cancel, Capabilities, Failure, Result
+from engine.replicas.link import ReplicaLink
+from engine.replicas.protocol import Cancel, Capabilities, Failure, Result
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)

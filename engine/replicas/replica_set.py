@@ -19,10 +19,10 @@ from typing import Any
 from engine.checkpoint.source import ModelSource
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.replica import ReplicaConfig, replica_main
-from engine.replica_pool import ReplicaPool
-from engine.replica_protocol import Capabilities, Refused, read_start, start_file
-from engine.shm_ring import memory_folder
+from engine.replicas.pool import ReplicaPool
+from engine.replicas.protocol import Capabilities, Refused, read_start, start_file
+from engine.replicas.replica import ReplicaConfig, replica_main
+from engine.replicas.shm_ring import memory_folder
 
 logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading and warming a large model on a fresh machine compiles kernels

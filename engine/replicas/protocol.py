@@ -1,6 +1,6 @@
 """The messages between a gateway and an engine replica process, never pickle: small msgspec (msgpack)
 frames on a Unix stream socket, each behind its 4-byte length, while token ids and rows travel through
-the shared-memory rings of engine/shm_ring.py that the frames point into. A replica answers every Run
+the shared-memory rings of engine/replicas/shm_ring.py that the frames point into. A replica answers every Run
 with a Result or a Failure, and reports its queue and its measured rate in both so that gateways
 balance and estimate on fresh numbers."""
 

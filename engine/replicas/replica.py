@@ -1,5 +1,5 @@
 """An engine replica process: builds its model's engine on its device, then serves gateways on a Unix
-stream socket (engine/replica_protocol.py). The engine's thread reads every gateway's frames between
+stream socket (engine/replicas/protocol.py). The engine's thread reads every gateway's frames between
 batches and queues their Runs, then writes each request's rows into that gateway's reply ring and
 answers at once. It exits on SIGTERM (the engine fails what is still queued with EngineStopped) or when
 its parent is gone."""
@@ -27,7 +27,7 @@ from engine.engine import Engine
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.outputs import RowRequest
 from engine.passing_thread import run_in_passing_thread
-from engine.replica_protocol import (
+from engine.replicas.protocol import (
     Cancel,
     Failure,
     FrameReader,
@@ -41,8 +41,8 @@ from engine.replica_protocol import (
     replica_decoder,
     write_start,
 )
+from engine.replicas.shm_ring import Mapping, RingWriter, read_spill, write_spill
 from engine.request import EngineOutput, EngineRequest
-from engine.shm_ring import Mapping, RingWriter, read_spill, write_spill
 
 logger = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0
