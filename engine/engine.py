@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from engine.batch import check_spans, pack, rows_per_sequence, sequence_rows
 from engine.config import EngineConfig
 from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
+from engine.interface import EngineInterface
 from engine.lazy import LazyTensor
 from engine.outputs import ALL_ROWS, SEQUENCE, HeadOutput, RowRequest
 from engine.prefixes import (
@@ -70,7 +70,7 @@ class _InFlight:
     pooled_spans: bool = False  # some sequence of it gives a row a span
 
 
-class Engine:
+class Engine(EngineInterface):
     """Owns a runner, a scheduler and the worker thread between them. While batch N runs on the
     device, the worker packs and launches batch N+1, then hands out batch N's rows."""
 
@@ -89,10 +89,14 @@ class Engine:
         self.runs_prefixes = False
         self.shares_prefixes = False
         self.min_saved_tokens = MIN_SAVED_TOKENS_EAGER
-        self.output: HeadOutput = runner.output  # what the model gives (engine/outputs.py)
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
+
+    @property
+    def output(self) -> HeadOutput:
+        """What the model gives (engine/outputs.py)."""
+        return self.runner.output
 
     @property
     def accepting(self) -> bool:
@@ -157,16 +161,6 @@ class Engine:
         judges it (its margin included); None before it has measured."""
         estimate = self.rate.seconds_for(self.scheduler.queued_tokens + num_tokens)
         return None if estimate is None else estimate * self.rate.margin
-
-    async def run(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        rows: RowRequest = ALL_ROWS,
-    ) -> np.ndarray:
-        """The rows `rows` asks of the sequences (float32, in order: by default the head's, one a sequence
-        or one a token, HeadOutput.rows)."""
-        return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def enqueue(
         self,

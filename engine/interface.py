@@ -1,5 +1,6 @@
 """EngineInterface: what serving a model asks of its engine, said once. Engine (in process) and ReplicaPool
-(replica processes) implement it; so does the gateway's RequestGuard, the engine as one request sees it."""
+(replica processes) implement it (and inherit its `run`); so does the gateway's RequestGuard, the engine as
+one request sees it."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class EngineInterface(Protocol):
         token_type_ids: Sequence[Sequence[int] | None] | None = None,
         rows: RowRequest = ALL_ROWS,
     ) -> np.ndarray:
-        """enqueue's rows, awaited."""
-        ...
+        """The rows `rows` asks of the sequences, awaited (float32, in order: by default the head's, one a
+        sequence or one a token, HeadOutput.rows); Engine and ReplicaPool inherit this one."""
+        return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
         """How long `num_tokens` take on it idle; None before it has measured."""

@@ -22,12 +22,13 @@ from engine.build import build_engine
 from engine.checkpoint.spec import ModelSpec
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.outputs import RowRequest
+from engine.outputs import HeadOutput, RowRequest
 from scoring.late_interaction import QUERY_INPUT_TYPES, kept_tokens
 
 CHUNK_TEXTS = 1024  # texts tokenized and sent to the engine together
-# a vector a text (bge-m3: its dense one), a SPLADE model's sparse vector, a ColBERT model's token vectors
-JOB_TASKS = ("embed", "sparse_embed", "token_embed")
+# a ranker's rows score pairs, not texts: posy embed runs any other head (a vector a text, bge-m3's dense one,
+# a SPLADE model's sparse vector, a ColBERT model's token vectors, a head's own rows: a token classifier's)
+RANKING_TASKS = ("score",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,11 @@ class JobModel:
             raise JobError(f"--shard-rows must be at least 1, not {config.shard_rows}")
         try:
             spec = config.source.resolve()
-            if spec.task not in JOB_TASKS:
+            if spec.task in RANKING_TASKS:
                 raise JobError(
                     f"{spec.name} is a {spec.task} model: posy embed runs embedding models (a vector a "
-                    "text), SPLADE models (a sparse vector a text) and ColBERT models (a vector a token)"
+                    "text), SPLADE models (a sparse vector a text), ColBERT models (a vector a token) and "
+                    "other heads' rows of a text (a token classifier's logits)"
                 )
             if spec.task != "embed" and config.dimensions is not None:
                 raise JobError(f"--dimensions shortens a vector a text, not a {spec.task} model's outputs")
@@ -136,16 +138,19 @@ class JobModel:
                 total += tokens
         return parts, total
 
-    def column(self, rows: np.ndarray, sequences: Sequence[Sequence[int]]) -> pa.Array:
+    def column(self, rows: np.ndarray, sequences: Sequence[Sequence[int]], output: HeadOutput) -> pa.Array:
         """The engine's rows of a chunk's sequences as the output's column: vectors (of `dimensions`), a
-        SPLADE model's sparse vectors, or a ColBERT model's token vectors (a query's all, a document's but
-        those of its skiplist tokens, as the server's /pooling gives them)."""
-        if self.spec.task == "sparse_embed":
+        SPLADE model's sparse vectors, a ColBERT model's token vectors (a query's all, a document's but
+        those of its skiplist tokens, as the server's /pooling gives them), or a head's own rows as its
+        output declares them (a token classifier's: a text's logits, a row a token)."""
+        task, lengths = self.spec.task, [len(ids) for ids in sequences]
+        if task == "sparse_embed":
             return sparse_vectors(rows)
-        if self.spec.task == "token_embed":
+        if task == "token_embed":
             flat_ids = np.concatenate([np.asarray(ids) for ids in sequences])
-            kept = kept_tokens(self.spec.colbert, flat_ids, self.is_query)
-            return token_vectors(rows, [len(ids) for ids in sequences], kept)
+            return token_vectors(rows, lengths, kept_tokens(self.spec.colbert, flat_ids, self.is_query))
+        if task != "embed" and output.token_rows:
+            return token_vectors(rows, lengths, np.ones(len(rows), dtype=bool))
         return fixed_size_vectors(truncate_dimensions(rows, self.dimensions))
 
     async def _run(
@@ -154,7 +159,7 @@ class JobModel:
         try:
             # the rows of the job's task (bge-m3's embedding: each text's dense vector, as the routes give it)
             rows = RowRequest.for_task(engine.output, self.spec.task)
-            return self.column(await engine.run(sequences, rows=rows), sequences), tokens
+            return self.column(await engine.run(sequences, rows=rows), sequences, engine.output), tokens
         finally:
             await budget.release(tokens)
 

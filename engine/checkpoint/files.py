@@ -39,3 +39,9 @@ def sentence_transformers_path(
 def module_kinds(modules: list[dict]) -> list[str]:
     """The kinds of modules.json's modules ("Transformer", "Pooling", ...), in order."""
     return [module["type"].rsplit(".", 1)[-1] for module in modules]
+
+
+def ties_word_embeddings(hf_config: Any) -> bool:
+    """Whether the model's LM head is its token embedding table, as transformers reads the config (every
+    family posy packs says; one that does not is untied)."""
+    return bool(getattr(hf_config, "tie_word_embeddings", False))

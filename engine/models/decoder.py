@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
 from engine.batch import PackedBatch
+from engine.checkpoint.files import ties_word_embeddings
 from engine.errors import UnsupportedModel
 from engine.layers.fp8 import NEVER, fp8_rows_from
 from engine.layers.qk_norm_rotary import QKNormRotary
@@ -142,7 +143,7 @@ class DecoderConfig:
             qkv_bias=bias(variant.qkv_bias),
             out_bias=bias(variant.out_bias),
             mlp_bias=bias(variant.mlp_bias),
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            tie_word_embeddings=ties_word_embeddings(hf_config),
             causal=causal,
             pad_token_id=getattr(hf_config, "pad_token_id", None),
             activation=GATE_ACTIVATIONS[activation],

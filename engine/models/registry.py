@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.checkpoint.cross_encoder import read_cross_encoder
+from engine.checkpoint.files import ties_word_embeddings
 from engine.checkpoint.sentence_transformers import sentence_transformers_pooling
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.checkpoint.splade import is_m3_folder
@@ -230,14 +231,12 @@ def architecture_head(
         if logit_score is not None:
             if getattr(hf_config, "final_logit_softcapping", None) is not None:
                 raise UnsupportedModel(f"model {name!r}: a judge of soft-capped LM logits is not supported")
-            tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+            tied = ties_word_embeddings(hf_config)
             return JudgeSpec(num_labels=1, logit_score=logit_score, tied=tied)
     if entry.head == "classify":
         return ClassifierSpec(num_labels=hf_config.num_labels)
     if entry.head == "judge":
-        return JudgeSpec(
-            num_labels=hf_config.num_labels, tied=bool(getattr(hf_config, "tie_word_embeddings", False))
-        )
+        return JudgeSpec(num_labels=hf_config.num_labels, tied=ties_word_embeddings(hf_config))
     # a bidirectional decoder has no last token that saw the whole text: it is mean-pooled
     pooling, normalize, dense = ("mean" if bidirectional else entry.pooling), entry.normalize, ()
     if checkpoint.modules is not None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
+from engine.checkpoint.files import ties_word_embeddings
 from engine.checkpoint.splade import SpladeConfig, bare_splade, is_splade_folder, read_splade
 from engine.layers.activations import get_activation
 from engine.models.backbone import Backbone
@@ -153,7 +154,7 @@ class SpladeSpec(HeadSpec):
 
     def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
         # the decoder over the vocabulary is the embedding table unless the config says otherwise
-        tied = bool(getattr(spec.hf_config, "tie_word_embeddings", True))
+        tied = ties_word_embeddings(spec.hf_config)
         return SpladeEncoder(backbone, spec.vocab_size, self.splade, tied)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.batch import check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
+from engine.interface import EngineInterface
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
 from engine.replicas.link import ReplicaLink
@@ -62,7 +63,7 @@ class _Chunk:
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
 
 
-class ReplicaPool:
+class ReplicaPool(EngineInterface):
     def __init__(self, endpoints: Sequence[str], chunk_tokens: int, max_sequence_tokens: int):
         self.endpoints = list(endpoints)
         self.chunk_tokens = chunk_tokens
@@ -130,15 +131,6 @@ class ReplicaPool:
             if alive and rate is not None
         ]
         return min(estimates) if estimates else None
-
-    async def run(
-        self,
-        token_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int] | None] | None = None,
-        rows: RowRequest = ALL_ROWS,
-    ) -> np.ndarray:
-        """As Engine.run: rows in the order given."""
-        return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def enqueue(
         self,

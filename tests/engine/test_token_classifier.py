@@ -1,8 +1,8 @@
 """A *ForTokenClassification checkpoint (engine/models/token_classifier.py, the head added as one file and
 one row of HEAD_DETECTORS) against transformers' own class, on tiny random checkpoints of three layouts
 (BERT's `classifier`, ModernBERT's prediction head then `classifier`, a decoder's `score`): every token's
-logits in fp32 within 1e-5, in process, through two replica processes, and through HTTP /pooling with task
-token_classify; on CUDA in bf16 through captured and replayed CUDA graphs."""
+logits in fp32 within 1e-5, in process, through two replica processes, through HTTP /pooling with task
+token_classify, and in a `posy embed` job; on CUDA in bf16 through captured and replayed CUDA graphs."""
 
 import asyncio
 import base64
@@ -167,6 +167,31 @@ def test_pooling_serves_a_tokens_logits_and_names_the_task(minilm_path, tmp_path
             response = client.post("/pooling", json={"input": "a", "task": task})
             assert response.status_code == 400, (task, response.text)
         assert client.post("/pooling", json={"input": "a"}).status_code == 200
+
+
+def test_posy_embed_writes_each_texts_token_logits(minilm_path, tmp_path):
+    """A bulk job of a token classifier writes each text's rows as its head declares them: a list of
+    logits a token, in input order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from api.bulk.config import JobConfig
+    from api.bulk.job import run_job
+    from api.bulk.output import read_output
+    from api.config import EngineFlags
+    from engine.checkpoint.source import ModelSource
+
+    folder, reference = token_classifier(minilm_path, tmp_path / "bert", "bert")
+    sequences = token_ids(resolve_model(str(folder)), TEXTS * 5)
+    pq.write_table(pa.table({"text": TEXTS * 5}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(folder)), shard_rows=8,
+        engine=EngineFlags("cpu", "float32"),
+    )  # fmt: skip
+    assert asyncio.run(run_job(config)).rows == len(sequences)
+    written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()
+    for rows, ids in zip(written, sequences, strict=True):
+        np.testing.assert_allclose(np.array(rows), reference_logits(reference, [ids]), atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.gpu
