@@ -18,7 +18,7 @@ for stage in "$@"; do
   started=$(date +%s)
   case $stage in
     # the GPU machine lacks the test extra's schemathesis; compat_tests hold no GPU test
-    tests) timeout "$limit" python -m pytest -m gpu ${POSY_GPU_TESTS:-tests} -q -rfE -p no:cacheprovider \
+    tests) timeout "$limit" python -m pytest -m gpu ${POSY_GPU_TESTS:-tests} -q -rfEs -p no:cacheprovider \
       --ignore=tests/api/test_openapi.py --timeout 180 2>&1 | tee "$out/pytest.log" ;;
     profile) timeout "$limit" python -m benchmarks.profile ${POSY_PROFILE_ARGS:-} 2>&1 | tee "$out/profile.txt" ;;
     *) args=POSY_$(echo "$stage" | tr a-z- A-Z_)_ARGS
