@@ -6,6 +6,9 @@
 # POSY_FAMILIES_ARGS="--shapes mpnet-base,qwen2-1.5b"). Each stage is time-boxed by POSY_STAGE_TIMEOUT
 # (seconds, default 300) so that one hung stage cannot take the call's results with it. Logs and the
 # appended result records are written under $OUT (results.tgz holds benchmarks/results).
+# SUITE@base runs the suite on the baseline tree in .base (made here by `bash benchmarks/make_base.sh REV`
+# and carried: `carry: [".gpu", ".base"]`), its records appended to this tree's, so that a before and after
+# come back in one results.tgz: for example `... COMMIT tests engine@base engine online@base online`.
 set -u
 commit=$1
 shift
@@ -21,6 +24,13 @@ for stage in "$@"; do
     tests) timeout "$limit" python -m pytest -m gpu ${POSY_GPU_TESTS:-tests} -q -rfEs -p no:cacheprovider \
       --ignore=tests/api/test_openapi.py --timeout 180 2>&1 | tee "$out/pytest.log" ;;
     profile) timeout "$limit" python -m benchmarks.profile ${POSY_PROFILE_ARGS:-} 2>&1 | tee "$out/profile.txt" ;;
+    *@base) suite=${stage%@base} root=$PWD
+      args=POSY_$(echo "$suite" | tr a-z- A-Z_)_ARGS
+      records=.base/benchmarks/results/$suite.jsonl
+      before=$(cat "$records" 2>/dev/null | wc -l)
+      (cd .base && POSY_COMMIT=$(cat COMMIT) PYTHONPATH=/tmp/site:$root/.gpu/shim:$root/.base \
+        timeout "$limit" python -m benchmarks "$suite" ${!args:-} 2>&1 | tee "$out/bench-$stage.log")
+      if [ -f "$records" ]; then tail -n +$((before + 1)) "$records" >>"benchmarks/results/$suite.jsonl"; fi ;;
     *) args=POSY_$(echo "$stage" | tr a-z- A-Z_)_ARGS
       timeout "$limit" python -m benchmarks "$stage" ${!args:-} 2>&1 | tee "$out/bench-$stage.log" ;;
   esac
