@@ -180,12 +180,19 @@ class Scheduler:
         num_tokens = 0
         prefixed: QueuedRequest | None = None  # the request whose prefix is in the batch, at prefix_at
         prefix_at = -1
+        due: float | None = None  # the earliest deadline of a request in the batch
         while self._queue and len(batch) < self.max_batch_seqs:
             head = self._queue[0]
-            if head.is_cancelled() or (head.taken == 0 and self._expires(head)):
+            if head.is_cancelled() or (head.taken == 0 and self._expires(head, num_tokens)):
                 self._queue.popleft()
                 self._queued_tokens -= head.remaining_tokens
                 continue
+            # a batch's rows all come back at its end: a request that would make it end past the earliest
+            # deadline in it waits for the next batch (a request already begun in it goes on: it needs all
+            # its sequences back)
+            if batch and head.taken == 0 and due is not None:
+                if self._ends_after(min(self.max_batch_tokens, num_tokens + head.remaining_tokens), due):
+                    break
             length = head.lengths[head.taken]
             # a request's prefix goes first, once a batch, before the first of its sequences there
             needs_prefix = head.prefix is not None and prefixed is not head
@@ -205,6 +212,8 @@ class Scheduler:
             if head.prefix is not None:
                 sequence.prefix_at = prefix_at
             batch.append(sequence)
+            if head.deadline is not None:
+                due = head.deadline if due is None else min(due, head.deadline)
             self._queued_tokens -= head.lengths[sequence.index]
             num_tokens += length
             if head.done:
@@ -213,12 +222,13 @@ class Scheduler:
                 break
         return batch
 
-    def _expires(self, request: QueuedRequest) -> bool:
-        """Whether `request`, at the front, would come back after its deadline (its own work at the rate,
-        stretched by its margin, behind what is left of the batch on the device); if so it is set aside."""
+    def _expires(self, request: QueuedRequest, ahead_tokens: int) -> bool:
+        """Whether `request`, at the front, would come back after its deadline (its own work and the
+        `ahead_tokens` of the batch it would join, at the rate, stretched by its margin, behind what is left
+        of the batch on the device); if so it is set aside."""
         if request.deadline is None or self.rate is None:
             return False
-        estimate = self.rate.seconds_for(request.remaining_tokens)
+        estimate = self.rate.seconds_for(ahead_tokens + request.remaining_tokens)
         if estimate is None:
             return False
         left = request.deadline - time.perf_counter()
@@ -226,3 +236,8 @@ class Scheduler:
             return False
         self._expired.append((request, estimate * self.rate.margin, left))
         return True
+
+    def _ends_after(self, num_tokens: int, deadline: float) -> bool:
+        """Whether a batch of `num_tokens` would come back after `deadline`, as _expires judges it."""
+        estimate = self.rate.seconds_for(num_tokens) if self.rate is not None else None
+        return estimate is not None and estimate * self.rate.margin > deadline - time.perf_counter()

@@ -165,6 +165,41 @@ def test_admitted_work_that_the_host_slowed_is_set_aside_at_the_front_not_batche
     assert scheduler.take_expired() == []
 
 
+def test_a_batch_stops_growing_where_it_would_come_back_past_a_deadline_in_it():
+    """A batch's rows all come back at its end: a request that would make it end past the earliest
+    deadline of a request already in it waits for the next batch instead (on 2 CPU cores under a flood,
+    the rows of a request batched with later arrivals came back past its timeout: a 504); one whose own
+    work behind the batch so far would be late is set aside."""
+    rate = ServiceRate(max_batch_tokens=4000)
+    rate.observe(4000, 0.4)  # 0.1 ms a token
+    for _ in range(MIN_CHECKED):
+        rate.observe_request(1.0, 1.0)  # the margin is 1
+    scheduler = Scheduler(4000, 64, 10**6, rate)
+    now = time.perf_counter()
+    # 0.1 s of work with 0.15 s to its deadline; then work without a deadline and work with a later one
+    tight = QueuedRequest([[1] * 500, [1] * 500], owner="tight")
+    relaxed = QueuedRequest([[1] * 1000], owner="relaxed")
+    later = QueuedRequest([[1] * 1000] * 2, owner="later")
+    assert scheduler.submit(tight, now + 0.15) is not None
+    scheduler.submit(relaxed)
+    scheduler.submit(later, now + 10.0)
+    # with relaxed, the batch would take 0.2 s: past tight's deadline. It waits, and so does later behind it
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["tight", "tight"]
+    # without a deadline in the batch it fills up to its budget; later's own work fits its deadline
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["relaxed", "later", "later"]
+    assert scheduler.take_expired() == []
+    # a request whose work would come back late behind what the batch already holds is set aside
+    first = QueuedRequest([[1] * 2000], owner="first")
+    short = QueuedRequest([[1] * 500], owner="short")
+    scheduler.submit(first)
+    assert scheduler.submit(short, time.perf_counter() + 0.3) is not None  # 0.25 s with the queue
+    for _ in range(40):
+        rate.observe(4000, 0.64)  # the host slowed the engine: 0.16 ms a token, 0.4 s behind first
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["first"]
+    [(expired, estimate, _)] = scheduler.take_expired()
+    assert expired is short and estimate == pytest.approx(0.4)
+
+
 def test_the_engine_refuses_what_it_set_aside_at_once_and_never_runs_it():
     ran: list[int] = []
     engine = Engine(TimedRunner(SECONDS_PER_TOKEN), CONFIG, on_batch=lambda tokens, _: ran.append(tokens))
