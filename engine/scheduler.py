@@ -224,20 +224,24 @@ class Scheduler:
 
     def _expires(self, request: QueuedRequest, ahead_tokens: int) -> bool:
         """Whether `request`, at the front, would come back after its deadline (its own work and the
-        `ahead_tokens` of the batch it would join, at the rate, stretched by its margin, behind what is left
-        of the batch on the device); if so it is set aside."""
-        if request.deadline is None or self.rate is None:
+        `ahead_tokens` of the batch it would join); if so it is set aside."""
+        if request.deadline is None:
             return False
-        estimate = self.rate.seconds_for(ahead_tokens + request.remaining_tokens)
-        if estimate is None:
-            return False
-        left = request.deadline - time.perf_counter()
-        if estimate * self.rate.margin <= left:
-            return False
-        self._expired.append((request, estimate * self.rate.margin, left))
-        return True
+        late = self._late(ahead_tokens + request.remaining_tokens, request.deadline)
+        if late is not None:
+            self._expired.append((request, *late))
+        return late is not None
 
     def _ends_after(self, num_tokens: int, deadline: float) -> bool:
-        """Whether a batch of `num_tokens` would come back after `deadline`, as _expires judges it."""
+        """Whether a batch of `num_tokens` would come back after `deadline`."""
+        return self._late(num_tokens, deadline) is not None
+
+    def _late(self, num_tokens: int, deadline: float) -> tuple[float, float] | None:
+        """(estimate, time left) where `num_tokens` queued now would come back after `deadline`: at the rate,
+        stretched by its margin, behind what is left of the batch on the device; None where in time or
+        not yet measured."""
         estimate = self.rate.seconds_for(num_tokens) if self.rate is not None else None
-        return estimate is not None and estimate * self.rate.margin > deadline - time.perf_counter()
+        if estimate is None:
+            return None
+        left = deadline - time.perf_counter()
+        return (estimate * self.rate.margin, left) if estimate * self.rate.margin > left else None

@@ -80,11 +80,11 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         unused = unused_token_ids(model.encoder.tokenizer, model.spec.path)
         items = [
             {
-                "dense_vecs": _vectors(output.dense, data.encoding_format),
-                "lexical_weights": {str(token): weight for token, weight in output.lexical.items()},
-                "colbert_vecs": _vectors(output.colbert, data.encoding_format),
+                "dense_vecs": _vectors(m3.dense, data.encoding_format),
+                "lexical_weights": {str(token): weight for token, weight in m3.lexical.items()},
+                "colbert_vecs": _vectors(m3.colbert, data.encoding_format),
             }
-            for output in m3_outputs(rows, sequences, unused, model.engine.output)
+            for m3 in m3_outputs(rows, sequences, unused, output)
         ]
     response = PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
