@@ -27,6 +27,7 @@ SUITES: dict[str, str] = {
     "online": "benchmarks.online",
     "tokens": "benchmarks.token_outputs",
     "fp8": "benchmarks.fp8",
+    "images": "benchmarks.images",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")

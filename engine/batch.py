@@ -13,6 +13,33 @@ from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
 
 
 @dataclass(slots=True)
+class ImageBatch:
+    """A batch's images (a dual encoder's): the sequences that are images, their patches' pixels, and
+    where each tower's tokens are. An image sequence's tokens are the model's own leading tokens (a class
+    token), then one a patch."""
+
+    pixels: torch.Tensor  # [num_patches, patch_dim] float32: the images' patches, in order
+    patch_rows: torch.Tensor  # [num_patches] int64: each patch's row among the images' tokens
+    image_tokens: torch.Tensor  # [num_image_tokens] int64: the batch's tokens that are images'
+    image_seqs: torch.Tensor  # [num_images] int64: the batch's sequences that are images
+    image_cu_seqlens: torch.Tensor  # host [num_images + 1] int32, of the images' tokens alone
+    text_tokens: torch.Tensor  # likewise of the texts (empty where none)
+    text_seqs: torch.Tensor
+    text_cu_seqlens: torch.Tensor  # host
+
+    def to(self, device: torch.device | str) -> ImageBatch:
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            if torch.device(device).type == "cuda":
+                tensor = tensor.pin_memory()
+            return tensor.to(device, non_blocking=True)
+
+        return ImageBatch(
+            moved(self.pixels), moved(self.patch_rows), moved(self.image_tokens), moved(self.image_seqs),
+            self.image_cu_seqlens, moved(self.text_tokens), moved(self.text_seqs), self.text_cu_seqlens,
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
 class PackedBatch:
     input_ids: torch.Tensor  # [num_tokens] int64
     token_type_ids: torch.Tensor  # [num_tokens] int64 (zeros when the model has no segments)
@@ -37,6 +64,7 @@ class PackedBatch:
     # host [num_rows] int64: the token rows a token head gives, in order, where some sequence gives its
     # first row only (pack's `first_rows`); None: every token's. Taken after the forward (or the graph)
     kept_rows: torch.Tensor | None = None
+    images: ImageBatch | None = None  # the sequences that are images (a dual encoder's); None: all texts
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +87,7 @@ class PackedBatch:
             row_index=None if self.row_index is None else self.row_index.pin_memory(),
             scored_against=self.scored_against,
             kept_rows=None if self.kept_rows is None else self.kept_rows.pin_memory(),
+            images=self.images,  # pinned as it moves
         )
 
     def to(self, device: torch.device | str) -> PackedBatch:
@@ -74,6 +103,7 @@ class PackedBatch:
             row_index=None if self.row_index is None else self.row_index.to(device, non_blocking=True),
             scored_against=self.scored_against,  # read on the host
             kept_rows=self.kept_rows,  # the runner's, after the forward
+            images=None if self.images is None else self.images.to(device),
         )
 
 
@@ -84,6 +114,7 @@ def pack(
     spans: Sequence[Sequence[int] | None] | None = None,
     first_rows: Sequence[bool] | None = None,
     output: HeadOutput | None = None,
+    images: Sequence[np.ndarray | None] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host, for a head that gives `output` (None: a row a sequence);
     `token_type_ids[i]` None means all zeros. `prefix_of[i]` (-1: none) is an earlier sequence that
@@ -94,7 +125,8 @@ def pack(
     query's expansion: a tokenized text ends with a special token, never with it). `spans[i]` (None: none)
     are the token offsets inside sequence i where a new pooled span starts (late chunking). A MARKER
     head's row_tokens give the rows (`row_index`). With `first_rows`, sequence i of a token head gives its
-    first row only where first_rows[i] (`kept_rows`)."""
+    first row only where first_rows[i] (`kept_rows`). `images[i]` (None: a text) makes sequence i an image,
+    of those patches' pixels (ImageBatch)."""
     query_only_token = None if output is None else output.query_only_token
     row_tokens = output.row_tokens if output is not None and output.rows == MARKER else None
     prefixes_scored = output is not None and output.scores_prefix
@@ -147,6 +179,48 @@ def pack(
         row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
         scored_against=scored_against,
         kept_rows=kept_rows,
+        images=None if images is None else image_batch(cu_seqlens, images),
+    )
+
+
+def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> ImageBatch | None:
+    """Where the images of a batch (pack's `images`) and its texts are; None where it has no image."""
+    if len(images) != len(cu_seqlens) - 1:
+        raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
+    is_image = np.fromiter((image is not None for image in images), dtype=bool, count=len(images))
+    if not is_image.any():
+        return None
+    lengths = np.diff(cu_seqlens).astype(np.int64)
+
+    def tokens_of(seqs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        # the flat token index of those sequences, and their own cu_seqlens
+        own = np.concatenate([[0], np.cumsum(lengths[seqs])]).astype(np.int32)
+        index = np.arange(int(own[-1]), dtype=np.int64) + np.repeat(
+            cu_seqlens[seqs] - own[:-1], lengths[seqs]
+        )
+        return torch.from_numpy(index), torch.from_numpy(own)
+
+    image_seqs, text_seqs = np.flatnonzero(is_image), np.flatnonzero(~is_image)
+    image_tokens, image_cu = tokens_of(image_seqs)
+    text_tokens, text_cu = tokens_of(text_seqs)
+    patches = [images[i] for i in image_seqs]
+    counts = np.fromiter((len(pixels) for pixels in patches), dtype=np.int64, count=len(patches))
+    leading = lengths[image_seqs] - counts  # the model's own tokens before an image's patches
+    if (leading < 0).any() or (counts == 0).any():
+        raise ValueError("an image sequence has at least one patch, and a token for each")
+    patch_rows = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(
+        image_cu[:-1].numpy().astype(np.int64) + leading - np.concatenate([[0], np.cumsum(counts)[:-1]]),
+        counts,
+    )
+    return ImageBatch(
+        torch.from_numpy(np.concatenate(patches, dtype=np.float32)),
+        torch.from_numpy(patch_rows),
+        image_tokens,
+        torch.from_numpy(image_seqs),
+        image_cu,
+        text_tokens,
+        torch.from_numpy(text_seqs),
+        text_cu,
     )
 
 

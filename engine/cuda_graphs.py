@@ -224,8 +224,8 @@ class GraphCache:
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
         """[num_seqs, out_dim] rows (a token head's: [num_tokens, out_dim]) on the device from a graph, or
         None: run this batch eagerly (also one with query-only tokens, whose key layout no graph stages,
-        with pooled spans, or with rows at chosen tokens)."""
-        unstaged = (batch.num_query_only, batch.pool_cu_seqlens, batch.row_index)
+        with pooled spans, with rows at chosen tokens, or with images)."""
+        unstaged = (batch.num_query_only, batch.pool_cu_seqlens, batch.row_index, batch.images)
         eager = any(layout is not None for layout in unstaged)
         key = None if eager else self.key(batch)
         if key is None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from engine.batch import check_spans, pack, rows_per_sequence, sequence_rows
@@ -286,6 +287,7 @@ class Engine(EngineInterface):
                 [sequence.spans for sequence in batch] if output.pools_spans else None,
                 [sequence.first_row for sequence in batch] if output.takes_first_rows else None,
                 output,
+                [sequence.image for sequence in batch] if output.takes_images else None,
             )
             output = self.runner.step(packed)
         except Exception as error:  # forwarded to every waiting caller, never swallowed
@@ -358,5 +360,23 @@ def check_rows(
         if not output.pools_spans or rows.prefix is not None:
             raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
         check_spans(rows.spans, lengths)
+    if rows.images is not None:
+        check_images(output, rows, lengths)
     if rows.columns is not None and not 0 <= rows.columns[0] < rows.columns[1] <= output.width:
         raise ValueError(f"columns {rows.columns} are not inside a row of {output.width}")
+
+
+def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
+    """Images go to a head that takes them, one entry a sequence, each of 2-D float32 pixels with a token
+    for each of its patches."""
+    if not output.takes_images:
+        raise ValueError("this model takes no images")
+    if rows.prefix is not None or rows.spans is not None:
+        raise ValueError("images come without a shared prefix or spans")
+    if len(rows.images) != len(lengths):
+        raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
+    for image, length in zip(rows.images, lengths):
+        if image is not None and (
+            image.ndim != 2 or image.dtype != np.float32 or not 0 < len(image) <= length
+        ):
+            raise ValueError("an image is float32 pixels [patches, patch size], with a token for each patch")

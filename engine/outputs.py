@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
 # which rows a head gives
 SEQUENCE = "sequence"  # a row a sequence (pooled)
@@ -49,6 +50,7 @@ class HeadOutput(msgspec.Struct, frozen=True, array_like=True):
     scores_prefix: bool = False
     takes_first_rows: bool = False  # TOKEN: a request may take each sequence's first row only
     task_rows: dict[str, TaskRows] = {}  # of the tasks, those that read fewer rows or columns than given
+    takes_images: bool = False  # SEQUENCE: a request's sequences may be images (a dual encoder's)
 
     @property
     def token_rows(self) -> bool:
@@ -66,6 +68,9 @@ class RowRequest:
     spans: Sequence[Sequence[int] | None] | None = None
     first_rows: bool = False  # a token head's first row of each sequence only
     columns: tuple[int, int] | None = None  # of each row, the columns [start, stop) only
+    # per sequence, the pixels of the image it is ([num_patches, patch_dim] float32; its token ids are
+    # placeholders, one a token the image takes), None for a text; None: all texts
+    images: Sequence[np.ndarray | None] | None = None
 
     @classmethod
     def for_task(cls, output: HeadOutput, task: str) -> RowRequest:
@@ -79,9 +84,11 @@ class RowRequest:
 
     def sliced(self, start: int, stop: int) -> RowRequest:
         """The request of sequences start..stop-1 of this one (a chunk of it)."""
-        if self.spans is None:
+        if self.spans is None and self.images is None:
             return self
-        return RowRequest(self.prefix, self.spans[start:stop], self.first_rows, self.columns)
+        spans = None if self.spans is None else self.spans[start:stop]
+        images = None if self.images is None else self.images[start:stop]
+        return RowRequest(self.prefix, spans, self.first_rows, self.columns, images)
 
 
 ALL_ROWS = RowRequest()

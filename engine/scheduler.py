@@ -33,6 +33,7 @@ class ScheduledSequence:
     is_prefix: bool = False
     spans: Sequence[int] | None = None  # where its pooled spans start (late chunking); None: one span
     first_row: bool = False  # a token head gives its first row only, not a row a token (bge-m3's dense)
+    image: object = None  # the pixels of the image it is (RowRequest.images); None: a text
 
 
 @dataclass(slots=True, eq=False)
@@ -76,9 +77,11 @@ class QueuedRequest:
         self.remaining_tokens -= self.lengths[index]
         types = self.token_type_ids[index] if self.token_type_ids is not None else None
         spans = self.rows.spans[index] if self.rows.spans is not None else None
+        image = self.rows.images[index] if self.rows.images is not None else None
         return ScheduledSequence(
-            self.token_ids[index], types, self.owner, index, spans=spans, first_row=self.rows.first_rows
-        )
+            self.token_ids[index], types, self.owner, index, spans=spans, first_row=self.rows.first_rows,
+            image=image,
+        )  # fmt: skip
 
     @property
     def done(self) -> bool:

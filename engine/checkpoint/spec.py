@@ -12,10 +12,12 @@ from engine.checkpoint.colbert import ColbertConfig
 from engine.checkpoint.cross_encoder import LogitScore
 from engine.checkpoint.files import model_card, model_card_says_matryoshka, read_json
 from engine.checkpoint.folder import REMOTE_CODE, Checkpoint, read_folder
+from engine.checkpoint.images import ImageLayout, read_image_layout
 from engine.checkpoint.listwise import ListwiseConfig
 from engine.checkpoint.splade import SpladeConfig
 from engine.errors import UnsupportedModel
 from engine.models.bge_m3 import M3Spec
+from engine.models.clip import DualEncoderConfig
 from engine.models.dense import DenseLayout
 from engine.models.head_spec import HeadSpec
 from engine.models.heads import JudgeSpec
@@ -54,6 +56,7 @@ class ModelSpec:
     pair_format: str = "pair"  # see ModelEntry.pair_format
     implementation: str = "posy"  # "posy": a packed model; "transformers": the fallback
     trust_remote_code: bool = False  # the fallback may run the code in the checkpoint folder
+    images: ImageLayout | None = None  # how it takes an image; None: it takes none
 
     # what the head says of the served model
     @property
@@ -153,7 +156,7 @@ def read_spec(
         config=family_config,
         head=head,
         max_seq_length=window,
-        vocab_size=checkpoint.hf_config.vocab_size,
+        vocab_size=checkpoint.hf_config.get_text_config().vocab_size,
         tokenizer_path=tokenizer_path,
         prompts=dict(st_config.get("prompts") or {}),
         default_prompt_name=st_config.get("default_prompt_name") or None,
@@ -162,6 +165,17 @@ def read_spec(
         implementation=implementation,
         trust_remote_code=trust_remote_code,
         matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
+        images=image_layout(checkpoint, family_config),
+    )
+
+
+def image_layout(checkpoint: Checkpoint, family_config: Any) -> ImageLayout | None:
+    """How a model with a vision tower (a dual encoder) takes an image; None for a text model."""
+    if not isinstance(family_config, DualEncoderConfig):
+        return None
+    leading = int(family_config.variant.class_token)
+    return read_image_layout(
+        checkpoint.name, checkpoint.transformer_dir, checkpoint.hf_config.vision_config, leading
     )
 
 
@@ -204,6 +218,8 @@ def check_head(checkpoint: Checkpoint, head: HeadSpec) -> None:
             raise UnsupportedModel(
                 f"model {name!r}: --pooling {flag} pools {pools}; this model serves {head.task}"
             )
+    if not head.dense:
+        return
     sizes = [checkpoint.hf_config.hidden_size, *(layer.out_features for layer in head.dense)]
     for layer, size in zip(head.dense, sizes):
         if layer.in_features != size:

@@ -17,11 +17,13 @@ from engine.checkpoint.sentence_transformers import sentence_transformers_poolin
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.checkpoint.splade import is_m3_folder
 from engine.errors import UnsupportedModel
-from engine.models import bert, decoder
+from engine.models import bert, clip, decoder
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
 from engine.models.bge_m3 import M3Spec
+from engine.models.clip import DualEncoderBackbone
 from engine.models.decoder import DecoderBackbone
+from engine.models.dual_encoder import detect_dual_encoder
 from engine.models.fallback import TransformersBackbone
 from engine.models.head_spec import HeadSpec
 from engine.models.heads import ClassifierSpec, EmbedderSpec, JudgeSpec
@@ -79,6 +81,8 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 # Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention says, so
 # mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
 GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
+# CLIP and SigLIP: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
+DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
 
@@ -108,6 +112,8 @@ MODEL_TYPES: dict[str, ModelType] = {
     "llama": ModelType(DECODER, "LlamaModel", decoder.LLAMA),
     "mistral": ModelType(DECODER, "MistralModel", decoder.MISTRAL),
     "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
+    "clip": ModelType(DUAL_ENCODER, "CLIPModel", clip.CLIP),
+    "siglip": ModelType(DUAL_ENCODER, "SiglipModel", clip.SIGLIP),
 }
 
 
@@ -200,6 +206,7 @@ def supported() -> list[str]:
 # the heads that replace a checkpoint's own, each found by its detector, in this order (a checkpoint none
 # claims is served with its architecture's head: architecture_head); a new head adds its row
 HEAD_DETECTORS: tuple[Callable[[Checkpoint], HeadSpec | None], ...] = (
+    detect_dual_encoder,
     detect_colbert,
     detect_splade,
     detect_listwise,

@@ -1,0 +1,173 @@
+"""Images a request sends: read from a data URI or bare base64 (or, with --allow-image-urls, fetched from a
+URL within a size and time limit), decoded with Pillow, checked, and made into the patches a model takes
+(its ImageLayout: made RGB, resized, cropped, rescaled and normalized as its processor does, then cut into
+patches, channel, row and column flattened). Runs on the tokenizer threads: Pillow lets go of the GIL while
+it decodes and resizes."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from api.errors import InvalidInput
+from engine.checkpoint.images import ImageLayout
+
+# what Pillow decodes for posy; anything else (a PDF, an SVG, a PSD, ...) is refused by name
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+class InvalidImage(InvalidInput):
+    """An image that cannot be read: not an image, a truncated one, too large, a format posy does not
+    decode, a URL it may not fetch."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    max_pixels: int = 40_000_000  # width x height of a decoded image (a 100-megapixel photo is refused)
+    allow_urls: bool = False  # --allow-image-urls: fetch http(s) URLs, else only data URIs and base64
+    url_timeout_s: float = 10.0
+    url_max_bytes: int = 20 * 2**20
+
+
+def image_bytes(source: str, limits: ImageLimits, param: str) -> bytes:
+    """The encoded image a request's string names: a data URI, bare base64, or an http(s) URL."""
+    if source.startswith(("http://", "https://")):
+        if not limits.allow_urls:
+            raise InvalidImage(
+                "image URLs are not fetched: send the image as a base64 data URI "
+                "(data:image/png;base64,...), or start the server with --allow-image-urls",
+                param,
+            )
+        return fetch(source, limits, param)
+    data = source
+    if source.startswith("data:"):
+        header, comma, data = source.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise InvalidImage("an image data URI must be base64: data:image/<format>;base64,<data>", param)
+        if not header.startswith("data:image/"):
+            raise InvalidImage(
+                f"a data URI of {header[5:].split(';')[0] or 'no type'!r} is not an image", param
+            )
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidImage(
+            "an image is a base64 data URI (data:image/png;base64,...) or base64", param
+        ) from None
+
+
+def fetch(url: str, limits: ImageLimits, param: str) -> bytes:
+    import httpx
+
+    try:
+        with httpx.stream("GET", url, timeout=limits.url_timeout_s, follow_redirects=True) as response:
+            if response.status_code != 200:
+                raise InvalidImage(f"fetching the image at {url} gave HTTP {response.status_code}", param)
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > limits.url_max_bytes:
+                    raise InvalidImage(
+                        f"the image at {url} is larger than {limits.url_max_bytes} bytes", param
+                    )
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except httpx.HTTPError as error:
+        raise InvalidImage(
+            f"the image at {url} could not be fetched: {type(error).__name__}", param
+        ) from None
+
+
+def decode(data: bytes, limits: ImageLimits, param: str):
+    """A decoded PIL image (an animation's first frame), RGB, transparency composited over white as
+    transformers' processors do."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except UnidentifiedImageError:
+        raise InvalidImage(f"not an image in a supported format ({', '.join(FORMATS)})", param) from None
+    except Image.DecompressionBombError:
+        raise InvalidImage(f"the image exceeds {limits.max_pixels:,} pixels", param) from None
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise InvalidImage(
+            f"an image of {width}x{height} pixels ({width * height / 1e6:.1f} megapixels) exceeds the limit "
+            f"of {limits.max_pixels / 1e6:.0f} megapixels",
+            param,
+        )
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError) as error:
+        raise InvalidImage(f"the {image.format} image is truncated or corrupt ({error})", param) from None
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def pixels(image, layout: ImageLayout) -> np.ndarray:
+    """[channels, height, width] float32 of an RGB PIL image, processed as the model's processor does."""
+    if layout.resize_to is not None:
+        size = layout.resize_to
+    elif layout.shortest_edge is not None:
+        size = shortest_edge_size(image.height, image.width, layout.shortest_edge)
+    else:
+        size = (image.height, image.width)
+    if size != (image.height, image.width):
+        image = image.resize((size[1], size[0]), resample=layout.resample)
+    array = np.asarray(image).transpose(2, 0, 1)
+    if layout.crop is not None:
+        array = center_crop(array, layout.crop)
+    values = (
+        (array.astype(np.float64) * layout.rescale).astype(np.float32)
+        if layout.rescale
+        else array.astype(np.float32)
+    )
+    if layout.mean is not None:
+        mean = np.asarray(layout.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(layout.std, dtype=np.float32)[:, None, None]
+        values = (values - mean) / std
+    return values
+
+
+def shortest_edge_size(height: int, width: int, edge: int) -> tuple[int, int]:
+    """The (height, width) that makes the shorter side `edge`, the longer one scaled and rounded down."""
+    if width <= height:
+        return int(edge * height / width), edge
+    return edge, int(edge * width / height)
+
+
+def center_crop(array: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """[C, H, W] -> [C, *size], centred; an image smaller than that is padded with zeros first."""
+    height, width = array.shape[1:]
+    crop_height, crop_width = size
+    if crop_height > height or crop_width > width:
+        padded = np.zeros(
+            (array.shape[0], max(height, crop_height), max(width, crop_width)), dtype=array.dtype
+        )
+        top, left = -(-(padded.shape[1] - height) // 2), -(-(padded.shape[2] - width) // 2)
+        padded[:, top : top + height, left : left + width] = array
+        array, height, width = padded, padded.shape[1], padded.shape[2]
+    top, left = (height - crop_height) // 2, (width - crop_width) // 2
+    return array[:, top : top + crop_height, left : left + crop_width]
+
+
+def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
+    """[C, H, W] -> [num_patches, C * patch * patch], patches row by row, each channel, row, column
+    flattened (the order of the patch convolution's weight)."""
+    channels, height, width = values.shape
+    rows, columns = height // patch_size, width // patch_size
+    grid = values.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(grid.reshape(rows * columns, channels * patch_size * patch_size))
+
+
+def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, param: str) -> np.ndarray:
+    """A request's image string -> the patches the model takes, float32 [num_patches, patch_dim]."""
+    image = decode(image_bytes(source, limits, param), limits, param)
+    return patches(pixels(image, layout), layout.patch_size)

@@ -1,0 +1,114 @@
+"""Random-weight dual encoders (CLIP, SigLIP) saved as transformers saves them, with a tokenizer and a
+processor config: tiny ones for the CPU parity tests, real-size ones for the images suite. No download."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks.token_checkpoints import LISTWISE_CORPUS, NOISE_STD
+
+TINY_TOWER = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4}
+# openai/clip-vit-base-patch16's and google/siglip-base-patch16-224's shapes
+BASE_TEXT = {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 8}
+BASE_VISION = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+}
+SIGLIP_BASE_TEXT = {**BASE_VISION}
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def clip_tokenizer(specials: tuple[str, ...], template: str, vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained on a small corpus, its template (the texts' special tokens) as the
+    model's: CLIP's start and end of text, SigLIP's end of sequence."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([LISTWISE_CORPUS], trainer)
+    special_ids = [(token, tokenizer.token_to_id(token)) for token in specials]
+    tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=special_ids)
+    return tokenizer
+
+
+def randomized(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
+    """Every parameter noise, norm scales around 1, so that parity can fail on any of them."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * std
+            is_norm_scale = ("norm" in name or "layernorm" in name) and name.endswith("weight")
+            parameter.copy_(1 + noise if is_norm_scale else noise)
+    return model.eval()
+
+
+def dual_encoder_checkpoint(
+    folder: Path,
+    kind: str,
+    text=TINY_TOWER,
+    vision=TINY_TOWER,
+    image_size: int = 32,
+    patch_size: int = 8,
+    projection_dim: int = 24,
+    seed: int = 0,
+    std: float = NOISE_STD,
+):
+    """A random `kind` ("clip" or "siglip") checkpoint in `folder` -> (folder, the transformers model)."""
+    from transformers import CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "clip":
+        tokenizer = clip_tokenizer(("<|startoftext|>", "<|endoftext|>"), "<|startoftext|> $A <|endoftext|>")
+        eos = tokenizer.token_to_id("<|endoftext|>")
+        bos = tokenizer.token_to_id("<|startoftext|>")
+        text_config = {
+            **text, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 77,
+            "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos,
+        }  # fmt: skip
+        config = CLIPConfig(
+            text_config=text_config,
+            vision_config={**vision, "image_size": image_size, "patch_size": patch_size},
+            projection_dim=projection_dim,
+        )
+        model_class, processor = CLIPModel, {
+            "image_processor_type": "CLIPImageProcessor", "do_resize": True,
+            "size": {"shortest_edge": image_size},
+            "do_center_crop": True, "crop_size": {"height": image_size, "width": image_size}, "resample": 3,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": CLIP_MEAN,
+            "image_std": CLIP_STD, "do_convert_rgb": True,
+        }  # fmt: skip
+    else:
+        tokenizer = clip_tokenizer(("<pad>", "</s>", "<unk>"), "$A </s>")
+        text_config = {
+            **text, "vocab_size": tokenizer.get_vocab_size(), "max_position_embeddings": 64,
+            "pad_token_id": tokenizer.token_to_id("<pad>"), "eos_token_id": tokenizer.token_to_id("</s>"),
+            "projection_size": vision["hidden_size"],
+        }  # fmt: skip
+        config = SiglipConfig(
+            text_config=text_config,
+            vision_config={**vision, "image_size": image_size, "patch_size": patch_size},
+        )
+        model_class, processor = SiglipModel, {
+            "image_processor_type": "SiglipImageProcessor", "do_resize": True,
+            "size": {"height": image_size, "width": image_size}, "resample": 3, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        }  # fmt: skip
+    config.architectures = [model_class.__name__]
+    torch.manual_seed(seed)
+    model = randomized(model_class(config), seed, std)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder, model

@@ -1,0 +1,91 @@
+"""ImageLayout: how a model takes an image, read from its folder (preprocessor_config.json and the vision
+config): the resize, crop, rescale and normalization its processor applies, and the patches and tokens
+the result becomes. The gateway applies it (api/images.py); the engine counts its tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint.files import read_json
+from engine.errors import UnsupportedModel
+
+# PIL's resampling filters by the numbers processor configs give them
+RESAMPLING = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLayout:
+    # an image is first made RGB (transparency over white, as transformers does), then resized: its shorter
+    # edge to `shortest_edge` (the aspect kept), or to (height, width); neither: not resized
+    shortest_edge: int | None
+    resize_to: tuple[int, int] | None
+    resample: int  # PIL's filter number
+    crop: tuple[int, int] | None  # a center crop (height, width) after the resize
+    rescale: float | None  # pixel values times this (1 / 255), None: kept
+    mean: tuple[float, ...] | None  # then (x - mean) / std per channel, None: not normalized
+    std: tuple[float, ...] | None
+    image_size: int  # the square the model's position table covers
+    patch_size: int
+    leading_tokens: int  # the model's own tokens before an image's patches (a class token)
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens an image takes in a batch."""
+        return self.leading_tokens + self.num_patches
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size * self.patch_size
+
+
+def read_image_layout(name: str, folder: Path, vision_config: Any, leading_tokens: int) -> ImageLayout:
+    """The layout of a model whose vision tower takes square images of vision_config.image_size."""
+    processor = read_json(folder / "preprocessor_config.json")
+    if processor is None:
+        raise UnsupportedModel(f"model {name!r}: an image model without preprocessor_config.json")
+    size = processor.get("size") or {}
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    do_resize = processor.get("do_resize", True)
+    shortest_edge = size.get("shortest_edge") if do_resize else None
+    resize_to = (
+        (size["height"], size["width"]) if do_resize and "height" in size and "width" in size else None
+    )
+    if do_resize and shortest_edge is None and resize_to is None:
+        raise UnsupportedModel(f"model {name!r}: a resize of {size} is not supported")
+    crop = None
+    if processor.get("do_center_crop", False):
+        crop_size = processor.get("crop_size") or {}
+        if isinstance(crop_size, int):
+            crop_size = {"height": crop_size, "width": crop_size}
+        crop = (crop_size["height"], crop_size["width"])
+    resample = processor.get("resample", 3)
+    if resample not in RESAMPLING:
+        raise UnsupportedModel(f"model {name!r}: unknown resampling filter {resample}")
+    normalize = processor.get("do_normalize", True)
+    image_size = vision_config.image_size
+    final = crop or resize_to
+    if final is None or tuple(final) != (image_size, image_size):
+        final = final or ("any", "any")
+        raise UnsupportedModel(
+            f"model {name!r}: its processor makes {final[0]}x{final[1]} images, its vision tower takes "
+            f"{image_size}x{image_size}"
+        )
+    return ImageLayout(
+        shortest_edge=shortest_edge,
+        resize_to=resize_to,
+        resample=resample,
+        crop=crop,
+        rescale=processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else None,
+        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))) if normalize else None,
+        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))) if normalize else None,
+        image_size=image_size,
+        patch_size=vision_config.patch_size,
+        leading_tokens=leading_tokens,
+    )

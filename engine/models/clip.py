@@ -1,0 +1,367 @@
+"""Packed dual encoders (CLIP, SigLIP and SigLIP2 at a fixed resolution): a text tower and a vision tower
+of pre-norm layers, each variant a record of switches and names. A text is a sequence of token ids; an
+image is a sequence of its patches (engine/batch.ImageBatch), with a class token first where the variant
+has one; both towers run packed, without padding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
+from engine.batch import PackedBatch
+from engine.errors import UnsupportedModel
+from engine.layers.activations import get_activation
+from engine.layers.pooling import cls_rows, last_rows
+from engine.models.backbone import AttentionShape, Backbone
+
+if TYPE_CHECKING:
+    from engine.checkpoint.spec import ModelSpec
+    from engine.weights import WeightTargets
+
+LAYER_NAMES = {
+    "layer_norm1": "norm1",
+    "self_attn.out_proj": "attention_out",
+    "layer_norm2": "norm2",
+    "mlp.fc1": "up",
+    "mlp.fc2": "down",
+}
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class DualEncoderVariant:
+    """What sets a dual encoder apart: its text tower's mask and projection, its vision tower's class
+    token, norms and pooling."""
+
+    text_causal: bool  # CLIP's text tower is causal and pools its end-of-text token, the last one
+    text_head: str  # the projection after the pooled text row, by its checkpoint name
+    text_head_bias: bool
+    class_token: bool  # a learned token before an image's patches, which the vision tower pools
+    pre_norm: bool  # a LayerNorm over the vision embeddings ("pre_layrnorm")
+    attention_pool: bool  # SigLIP: a learned probe attends over the patches (a MAP head), no projection
+    patch_bias: bool
+    ignored: tuple[str, ...]  # what the checkpoint holds beside the towers (the logit scale of training)
+
+
+CLIP = DualEncoderVariant(
+    text_causal=True,
+    text_head="text_projection",
+    text_head_bias=False,
+    class_token=True,
+    pre_norm=True,
+    attention_pool=False,
+    patch_bias=False,
+    ignored=("logit_scale",),
+)
+SIGLIP = DualEncoderVariant(
+    text_causal=False,
+    text_head="text_model.head",
+    text_head_bias=True,
+    class_token=False,
+    pre_norm=False,
+    attention_pool=True,
+    patch_bias=True,
+    ignored=("logit_scale", "logit_bias"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TowerConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    hidden_act: str
+    layer_norm_eps: float
+    num_positions: int
+
+    @classmethod
+    def from_hf(cls, config: Any, num_positions: int) -> TowerConfig:
+        if config.hidden_size % config.num_attention_heads:
+            raise UnsupportedModel(
+                f"{config.model_type}: hidden_size is not a multiple of num_attention_heads"
+            )
+        return cls(
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.intermediate_size,
+            config.hidden_act,
+            config.layer_norm_eps,
+            num_positions,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True, slots=True)
+class DualEncoderConfig:
+    variant: DualEncoderVariant
+    text: TowerConfig
+    vision: TowerConfig
+    vocab_size: int
+    projection_dim: int  # the width of both towers' rows
+    image_size: int
+    patch_size: int
+    num_channels: int
+    causal: bool = False  # the engine's prefix sharing reads this: never, for a dual encoder
+
+    @classmethod
+    def from_hf(cls, hf_config: Any, variant: DualEncoderVariant) -> DualEncoderConfig:
+        text, vision = hf_config.text_config, hf_config.vision_config
+        if getattr(vision, "image_size", None) is None:  # SigLIP2's NaFlex: any resolution, not yet here
+            raise UnsupportedModel(f"{hf_config.model_type}: a vision tower without a fixed image size")
+        if vision.image_size % vision.patch_size:
+            raise UnsupportedModel(f"{hf_config.model_type}: image_size is not a multiple of patch_size")
+        if variant.attention_pool and not getattr(vision, "vision_use_head", True):
+            raise UnsupportedModel(f"{hf_config.model_type}: a vision tower without its pooling head")
+        num_patches = (vision.image_size // vision.patch_size) ** 2
+        width = getattr(hf_config, "projection_dim", None) or getattr(text, "projection_size", None)
+        if variant.attention_pool and width != vision.hidden_size:
+            raise UnsupportedModel(
+                f"{hf_config.model_type}: text rows of {width}, image rows of {vision.hidden_size}"
+            )
+        return cls(
+            variant=variant,
+            text=TowerConfig.from_hf(text, text.max_position_embeddings),
+            vision=TowerConfig.from_hf(vision, num_patches + variant.class_token),
+            vocab_size=text.vocab_size,
+            projection_dim=width or text.hidden_size,
+            image_size=vision.image_size,
+            patch_size=vision.patch_size,
+            num_channels=vision.num_channels,
+        )
+
+    @property
+    def image_tokens(self) -> int:
+        """The tokens an image takes: its patches, and the class token where there is one."""
+        return self.vision.num_positions
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm block: fused-QKV self-attention, then an MLP, each added to the residual."""
+
+    def __init__(self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool):
+        super().__init__()
+        hidden_size, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.attention_backend = attention_backend
+        self.causal = causal
+        self.norm1 = nn.LayerNorm(hidden_size, eps=eps)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.attention_out = nn.Linear(hidden_size, hidden_size)
+        self.norm2 = nn.LayerNorm(hidden_size, eps=eps)
+        self.up = nn.Linear(hidden_size, config.intermediate_size)
+        self.activation = activation(config.hidden_act)
+        self.down = nn.Linear(config.intermediate_size, hidden_size)
+
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # [num_tokens, hidden] -> [num_tokens, hidden]
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv(self.norm1(hidden)).view(num_tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.unbind(1)
+        attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
+        hidden = hidden + self.attention_out(attention.reshape(num_tokens, -1))
+        return hidden + self.down(self.activation(self.up(self.norm2(hidden))))
+
+
+class QuickGELU(nn.Module):
+    """CLIP's x * sigmoid(1.702 x)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(name: str) -> nn.Module:
+    return QuickGELU() if name == "quick_gelu" else get_activation(name)
+
+
+class PatchEmbedding(nn.Module):
+    """The patch convolution (stride = kernel = patch) as the projection of each patch's pixels, flattened
+    channel, row, column as the host lays them out (api/images.py); the weight keeps the checkpoint's
+    [hidden, channels, patch, patch] shape."""
+
+    def __init__(self, config: DualEncoderConfig):
+        super().__init__()
+        size = config.patch_size
+        self.weight = nn.Parameter(torch.empty(config.vision.hidden_size, config.num_channels, size, size))
+        self.bias = (
+            nn.Parameter(torch.empty(config.vision.hidden_size)) if config.variant.patch_bias else None
+        )
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        # [num_patches, channels * patch * patch] -> [num_patches, hidden]
+        return F.linear(pixels.to(self.weight.dtype), self.weight.flatten(1), self.bias)
+
+
+class AttentionPool(nn.Module):
+    """SigLIP's MAP head over packed images: a learned probe attends over each image's tokens (a softmax
+    per image and head), then out-projection, LayerNorm and an MLP added to it."""
+
+    def __init__(self, config: TowerConfig):
+        super().__init__()
+        hidden_size = config.hidden_size
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.probe = nn.Parameter(torch.empty(1, 1, hidden_size))
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * hidden_size, hidden_size))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * hidden_size))
+        self.out_proj = nn.Linear(hidden_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=config.layer_norm_eps)
+        self.up = nn.Linear(hidden_size, config.intermediate_size)
+        self.activation = activation(config.hidden_act)
+        self.down = nn.Linear(config.intermediate_size, hidden_size)
+
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # [num_tokens, hidden] -> [num_seqs, hidden]
+        num_tokens, heads, dim = hidden.shape[0], self.num_heads, self.head_dim
+        w_q, w_kv = self.in_proj_weight.split([hidden.shape[1], 2 * hidden.shape[1]])
+        b_q, b_kv = self.in_proj_bias.split([hidden.shape[1], 2 * hidden.shape[1]])
+        query = F.linear(self.probe.view(1, -1), w_q, b_q).view(heads, dim).float()
+        k, v = F.linear(hidden, w_kv, b_kv).view(num_tokens, 2, heads, dim).float().unbind(1)
+        scores = (k * query).sum(-1) * dim**-0.5  # [num_tokens, heads]
+        segments = meta.segment_ids
+        top = scores.new_full((meta.num_seqs, heads), float("-inf"))
+        top = top.scatter_reduce(0, segments.unsqueeze(1).expand(-1, heads), scores, "amax")
+        weights = (scores - top[segments]).exp()
+        totals = weights.new_zeros(meta.num_seqs, heads).index_add_(0, segments, weights)
+        pooled = v.new_zeros(meta.num_seqs, heads, dim).index_add_(0, segments, weights.unsqueeze(2) * v)
+        pooled = (pooled / totals.clamp(min=1e-30).unsqueeze(2)).view(meta.num_seqs, -1).to(hidden.dtype)
+        pooled = self.out_proj(pooled)
+        return pooled + self.down(self.activation(self.up(self.norm(pooled))))
+
+
+class DualEncoderBackbone(Backbone):
+    """Both towers; `text_rows` and `image_rows` give each input's projected row (not normalized)."""
+
+    ignored_weights = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
+
+    def __init__(self, config: DualEncoderConfig, attention_backend: AttentionBackend):
+        super().__init__()
+        self.config = config
+        variant, text, vision = config.variant, config.text, config.vision
+        self.hidden_size = config.projection_dim
+        self.ignored_weights = (*DualEncoderBackbone.ignored_weights, *variant.ignored)
+        self.token_embedding = nn.Embedding(config.vocab_size, text.hidden_size)
+        self.text_positions = nn.Embedding(text.num_positions, text.hidden_size)
+        self.text_layers = nn.ModuleList(
+            EncoderLayer(text, attention_backend, variant.text_causal) for _ in range(text.num_layers)
+        )
+        self.text_norm = nn.LayerNorm(text.hidden_size, eps=text.layer_norm_eps)
+        self.text_head = nn.Linear(text.hidden_size, config.projection_dim, bias=variant.text_head_bias)
+        self.patch_embedding = PatchEmbedding(config)
+        self.class_embedding = nn.Parameter(torch.empty(vision.hidden_size)) if variant.class_token else None
+        self.image_positions = nn.Embedding(vision.num_positions, vision.hidden_size)
+        self.pre_norm = (
+            nn.LayerNorm(vision.hidden_size, eps=vision.layer_norm_eps) if variant.pre_norm else None
+        )
+        self.vision_layers = nn.ModuleList(
+            EncoderLayer(vision, attention_backend, False) for _ in range(vision.num_layers)
+        )
+        self.vision_norm = nn.LayerNorm(vision.hidden_size, eps=vision.layer_norm_eps)
+        self.attention_pool = AttentionPool(vision) if variant.attention_pool else None
+        self.image_head = (
+            None
+            if variant.attention_pool
+            else nn.Linear(vision.hidden_size, config.projection_dim, bias=False)
+        )
+
+    @classmethod
+    def parse(
+        cls, hf_config: Any, architecture: str, variant: DualEncoderVariant, causal: bool
+    ) -> DualEncoderConfig:
+        return DualEncoderConfig.from_hf(hf_config, variant)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DualEncoderBackbone:
+        return cls(spec.config, attention_backend)
+
+    @classmethod
+    def attention_shape(cls, spec: ModelSpec) -> AttentionShape:
+        text, vision = spec.config.text, spec.config.vision
+        if text.head_dim != vision.head_dim:  # one backend serves both towers
+            raise UnsupportedModel(f"{spec.name}: towers of head sizes {text.head_dim} and {vision.head_dim}")
+        return AttentionShape(
+            max(text.num_heads, vision.num_heads), max(text.num_heads, vision.num_heads), text.head_dim
+        )
+
+    @classmethod
+    def window(cls, hf_config: Any, config: DualEncoderConfig | None) -> int:
+        return hf_config.text_config.max_position_embeddings
+
+    def text_rows(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
+        # a batch of texts -> [num_seqs, projection_dim]: the last token's row (CLIP's end of text; SigLIP's
+        # last position), normed and projected
+        hidden = self.token_embedding(batch.input_ids) + self.text_positions(batch.positions)
+        for layer in self.text_layers:
+            hidden = layer(hidden, meta)
+        return self.text_head(self.text_norm(hidden[last_rows(meta, hidden.shape[0])]))
+
+    def image_rows(
+        self, pixels: torch.Tensor, patch_rows: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        # an image's sequence is its class token (where the variant has one) then its patches: pixels
+        # [num_patches, patch_dim] go to `patch_rows` of the tokens -> [num_images, projection_dim]
+        patches = self.patch_embedding(pixels)
+        if self.class_embedding is None:
+            hidden = patches
+        else:
+            hidden = self.class_embedding.expand(positions.shape[0], -1).clone()
+            hidden[patch_rows] = patches
+        hidden = hidden + self.image_positions(positions)
+        if self.pre_norm is not None:
+            hidden = self.pre_norm(hidden)
+        for layer in self.vision_layers:
+            hidden = layer(hidden, meta)
+        if self.attention_pool is not None:
+            return self.attention_pool(self.vision_norm(hidden), meta)
+        return self.image_head(self.vision_norm(hidden[cls_rows(meta, hidden.shape[0])]))
+
+    def weight_map(self) -> WeightTargets:
+        config, variant = self.config, self.config.variant
+        modules = {
+            "text_model.embeddings.token_embedding": "token_embedding",
+            "text_model.embeddings.position_embedding": "text_positions",
+            "text_model.final_layer_norm": "text_norm",
+            variant.text_head: "text_head",
+            "vision_model.embeddings.patch_embedding": "patch_embedding",
+            "vision_model.embeddings.position_embedding": "image_positions",
+            "vision_model.post_layernorm": "vision_norm",
+        }
+        if variant.pre_norm:
+            modules["vision_model.pre_layrnorm"] = "pre_norm"
+        if variant.attention_pool:
+            modules.update({
+                "vision_model.head.attention.out_proj": "attention_pool.out_proj",
+                "vision_model.head.layernorm": "attention_pool.norm",
+                "vision_model.head.mlp.fc1": "attention_pool.up",
+                "vision_model.head.mlp.fc2": "attention_pool.down",
+            })  # fmt: skip
+        else:
+            modules["visual_projection"] = "image_head"
+        targets: WeightTargets = {}
+        for tower, ours, tower_config in (
+            ("text", "text_layers", config.text),
+            ("vision", "vision_layers", config.vision),
+        ):
+            for index in range(tower_config.num_layers):
+                source, target = f"{tower}_model.encoder.layers.{index}.", f"{ours}.{index}."
+                modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
+                projections = {source + name: tower_config.hidden_size for name in QKV}
+                targets.update(self.fused_targets(f"{target}qkv", projections))
+        targets.update(self.module_targets(modules))
+        if self.class_embedding is not None:
+            targets["vision_model.embeddings.class_embedding"] = ("class_embedding", None)
+        if variant.attention_pool:
+            for name in ("probe", "attention.in_proj_weight", "attention.in_proj_bias"):
+                targets[f"vision_model.head.{name}"] = (
+                    f"attention_pool.{name.removeprefix('attention.')}",
+                    None,
+                )
+        return targets
