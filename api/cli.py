@@ -25,6 +25,7 @@ from api.config import (
     EngineFlags,
     ServerConfig,
 )
+from api.images import MAX_IMAGE_PIXELS, ImageLimits
 from api.refusal import cannot_serve, serve_or_refuse
 from engine.checkpoint.source import POOLING_FLAGS, ModelFlags
 from engine.config import MODEL_IMPLS
@@ -91,6 +92,17 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, a
         "--accept-token-ids",
         action="store_true",
         help="let /v1/embeddings take token ids (the served model's own; by default a 400)",
+    )
+    serve.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch images that requests name by http(s) URL (by default only data URIs and base64)",
+    )
+    serve.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=MAX_IMAGE_PIXELS,
+        help="the largest image a request may send, in decoded pixels (width x height)",
     )
     serve.add_argument("--api-key", help="require Authorization: Bearer KEY")
     serve.add_argument("--max-inputs", type=int, default=MAX_INPUTS, help="inputs per embeddings request")
@@ -299,6 +311,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_workers=args.api_workers or 1,
         auto_truncate=args.auto_truncate,
         accept_token_ids=args.accept_token_ids,
+        images=ImageLimits(max_pixels=args.max_image_pixels, allow_urls=args.allow_image_urls),
         api_key=args.api_key,
         max_inputs=args.max_inputs,
         max_body_bytes=args.max_body_bytes,

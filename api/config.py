@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from api.images import ImageLimits
 from engine.checkpoint.source import ModelFlags
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class ServerConfig:
     # OpenAI token-id inputs are the served model's own ids only where this is set: the OpenAI ecosystem's
     # clients (LangChain's OpenAIEmbeddings by default) send tiktoken's, which would embed other text
     accept_token_ids: bool = False
+    # what images a request may send (--max-image-pixels, --allow-image-urls)
+    images: ImageLimits = ImageLimits()
     api_key: str | None = None
     max_inputs: int = MAX_INPUTS
     max_body_bytes: int = MAX_BODY_BYTES

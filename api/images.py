@@ -18,71 +18,76 @@ from engine.checkpoint.images import ImageLayout
 
 # what Pillow decodes for posy; anything else (a PDF, an SVG, a PSD, ...) is refused by name
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+MAX_IMAGE_PIXELS = 40_000_000  # width x height of a decoded image (a 100-megapixel photo is refused)
 
 
 class InvalidImage(InvalidInput):
     """An image that cannot be read: not an image, a truncated one, too large, a format posy does not
-    decode, a URL it may not fetch."""
+    decode, a URL it may not fetch. `where` names it in the request ("input[3]"): the message starts with
+    it, the error's param is its field."""
+
+    def __init__(self, message: str, where: str):
+        super().__init__(f"{where}: {message}", where.split("[")[0])
 
 
 @dataclass(frozen=True, slots=True)
 class ImageLimits:
-    max_pixels: int = 40_000_000  # width x height of a decoded image (a 100-megapixel photo is refused)
+    max_pixels: int = MAX_IMAGE_PIXELS
     allow_urls: bool = False  # --allow-image-urls: fetch http(s) URLs, else only data URIs and base64
     url_timeout_s: float = 10.0
     url_max_bytes: int = 20 * 2**20
 
 
-def image_bytes(source: str, limits: ImageLimits, param: str) -> bytes:
+def image_bytes(source: str, limits: ImageLimits, where: str) -> bytes:
     """The encoded image a request's string names: a data URI, bare base64, or an http(s) URL."""
     if source.startswith(("http://", "https://")):
         if not limits.allow_urls:
             raise InvalidImage(
                 "image URLs are not fetched: send the image as a base64 data URI "
                 "(data:image/png;base64,...), or start the server with --allow-image-urls",
-                param,
+                where,
             )
-        return fetch(source, limits, param)
+        return fetch(source, limits, where)
     data = source
     if source.startswith("data:"):
         header, comma, data = source.partition(",")
         if not comma or not header.endswith(";base64"):
-            raise InvalidImage("an image data URI must be base64: data:image/<format>;base64,<data>", param)
+            raise InvalidImage("an image data URI must be base64: data:image/<format>;base64,<data>", where)
         if not header.startswith("data:image/"):
             raise InvalidImage(
-                f"a data URI of {header[5:].split(';')[0] or 'no type'!r} is not an image", param
+                f"a data URI of {header[5:].split(';')[0] or 'no type'!r} is not an image", where
             )
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidImage(
-            "an image is a base64 data URI (data:image/png;base64,...) or base64", param
+            "an image is a base64 data URI (data:image/png;base64,...) or base64", where
         ) from None
 
 
-def fetch(url: str, limits: ImageLimits, param: str) -> bytes:
+def fetch(url: str, limits: ImageLimits, where: str) -> bytes:
     import httpx
 
     try:
         with httpx.stream("GET", url, timeout=limits.url_timeout_s, follow_redirects=True) as response:
             if response.status_code != 200:
-                raise InvalidImage(f"fetching the image at {url} gave HTTP {response.status_code}", param)
+                raise InvalidImage(f"fetching the image at {url} gave HTTP {response.status_code}", where)
             chunks, size = [], 0
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > limits.url_max_bytes:
                     raise InvalidImage(
-                        f"the image at {url} is larger than {limits.url_max_bytes} bytes", param
+                        f"the image at {url} is larger than {limits.url_max_bytes} bytes", where
                     )
                 chunks.append(chunk)
             return b"".join(chunks)
     except httpx.HTTPError as error:
         raise InvalidImage(
-            f"the image at {url} could not be fetched: {type(error).__name__}", param
+            f"the image at {url} could not be fetched: {type(error).__name__}", where
         ) from None
 
 
-def decode(data: bytes, limits: ImageLimits, param: str):
+def decode(data: bytes, limits: ImageLimits, where: str):
     """A decoded PIL image (an animation's first frame), RGB, transparency composited over white as
     transformers' processors do."""
     from PIL import Image, UnidentifiedImageError
@@ -90,20 +95,20 @@ def decode(data: bytes, limits: ImageLimits, param: str):
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:
-        raise InvalidImage(f"not an image in a supported format ({', '.join(FORMATS)})", param) from None
+        raise InvalidImage(f"not an image in a supported format ({', '.join(FORMATS)})", where) from None
     except Image.DecompressionBombError:
-        raise InvalidImage(f"the image exceeds {limits.max_pixels:,} pixels", param) from None
+        raise InvalidImage(f"the image exceeds {limits.max_pixels:,} pixels", where) from None
     width, height = image.size
     if width * height > limits.max_pixels:
         raise InvalidImage(
             f"an image of {width}x{height} pixels ({width * height / 1e6:.1f} megapixels) exceeds the limit "
             f"of {limits.max_pixels / 1e6:.0f} megapixels",
-            param,
+            where,
         )
     try:
         image.load()
     except (OSError, ValueError, SyntaxError) as error:
-        raise InvalidImage(f"the {image.format} image is truncated or corrupt ({error})", param) from None
+        raise InvalidImage(f"the {image.format} image is truncated or corrupt ({error})", where) from None
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
@@ -167,7 +172,7 @@ def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
     return np.ascontiguousarray(grid.reshape(rows * columns, channels * patch_size * patch_size))
 
 
-def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, param: str) -> np.ndarray:
+def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, where: str) -> np.ndarray:
     """A request's image string -> the patches the model takes, float32 [num_patches, patch_dim]."""
-    image = decode(image_bytes(source, limits, param), limits, param)
+    image = decode(image_bytes(source, limits, where), limits, where)
     return patches(pixels(image, layout), layout.patch_size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import InvalidInput
+from api.image_inputs import Item, content_item
 from api.schemas.openai import EmbeddingInput
 
 
@@ -13,9 +14,10 @@ from api.schemas.openai import EmbeddingInput
 class Inputs:
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+    parts: list[Item] | None = None  # texts and images, where some input is a content part
 
     def __len__(self) -> int:
-        return len(self.texts if self.texts is not None else self.token_ids or [])
+        return len(next(given for given in (self.texts, self.token_ids, self.parts, []) if given is not None))
 
 
 def normalize_input(value: EmbeddingInput, max_inputs: int) -> Inputs:
@@ -26,7 +28,17 @@ def normalize_input(value: EmbeddingInput, max_inputs: int) -> Inputs:
     if not items:
         raise InvalidInput("input must not be empty", "input")
     kinds = {type(item) for item in items}
-    if kinds == {str}:
+    if dict in kinds and kinds <= {str, dict}:
+        inputs = Inputs(
+            parts=[
+                item if isinstance(item, str) else content_item(item, f"input[{index}]")
+                for index, item in enumerate(items)
+            ]
+        )
+        for index, item in enumerate(inputs.parts):
+            if not item:
+                raise InvalidInput(f"input {index} is an empty string", "input")
+    elif kinds == {str}:
         inputs = Inputs(texts=items)
         for index, text in enumerate(items):
             if not text:
@@ -37,8 +49,8 @@ def normalize_input(value: EmbeddingInput, max_inputs: int) -> Inputs:
         inputs = Inputs(token_ids=items)
     else:
         raise InvalidInput(
-            "input must be a string, a list of strings, a list of token ids or a list of token-id lists, "
-            "not a mix",
+            "input must be a string, a list of strings (and content parts), a list of token ids or a list of "
+            "token-id lists, not a mix",
             "input",
         )
     if len(inputs) > max_inputs:

@@ -119,6 +119,7 @@ class Server:
                 spec.pair_format,
                 self.config.tokenizer_threads,
                 spec.logit_score.chat_template if spec.logit_score is not None else None,
+                spec.text_padding,
             )
             late = LateInteraction(spec.colbert, encoder.single) if spec.colbert is not None else None
             served.append(

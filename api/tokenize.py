@@ -50,8 +50,11 @@ class TextEncoder:
         pair_format: str = "pair",
         num_threads: int = 1,
         chat_template: ChatTemplate | None = None,
+        padding: tuple[int, int] | None = None,
     ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        # (length, pad id): each text encoded alone is padded to that length (ModelSpec.text_padding)
+        self.padding = padding
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.window = window
@@ -171,6 +174,9 @@ class TextEncoder:
                     raise InputTooLong.of_tokens(index, len(ids) + self.single.num_special_tokens, limit)
                 ids = ids[len(ids) - room :] if keep_end else ids[:room]
             sequences.append(self.single.apply(ids))
+        if self.padding is not None:
+            length, pad = self.padding
+            sequences = [ids + [pad] * (length - len(ids)) for ids in sequences]
         return sequences
 
     def bounded(

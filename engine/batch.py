@@ -270,6 +270,22 @@ def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -
             raise ValueError("span boundaries must increase inside their sequence")
 
 
+def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
+    """Images go to a head that takes them, one entry a sequence, each of 2-D float32 pixels with a token
+    for each of its patches."""
+    if not output.takes_images:
+        raise ValueError("this model takes no images")
+    if rows.prefix is not None or rows.spans is not None:
+        raise ValueError("images come without a shared prefix or spans")
+    if len(rows.images) != len(lengths):
+        raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
+    for image, length in zip(rows.images, lengths):
+        if image is not None and (
+            image.ndim != 2 or image.dtype != np.float32 or not 0 < len(image) <= length
+        ):
+            raise ValueError("an image is float32 pixels [patches, patch size], with a token for each patch")
+
+
 def num_spans(boundaries: Sequence[int] | None) -> int:
     return 1 if boundaries is None else len(boundaries) + 1
 

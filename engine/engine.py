@@ -12,10 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
-from engine.batch import check_spans, pack, rows_per_sequence, sequence_rows
+from engine.batch import check_images, check_spans, pack, rows_per_sequence, sequence_rows
 from engine.config import EngineConfig
 from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
 from engine.interface import EngineInterface
@@ -364,19 +363,3 @@ def check_rows(
         check_images(output, rows, lengths)
     if rows.columns is not None and not 0 <= rows.columns[0] < rows.columns[1] <= output.width:
         raise ValueError(f"columns {rows.columns} are not inside a row of {output.width}")
-
-
-def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
-    """Images go to a head that takes them, one entry a sequence, each of 2-D float32 pixels with a token
-    for each of its patches."""
-    if not output.takes_images:
-        raise ValueError("this model takes no images")
-    if rows.prefix is not None or rows.spans is not None:
-        raise ValueError("images come without a shared prefix or spans")
-    if len(rows.images) != len(lengths):
-        raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
-    for image, length in zip(rows.images, lengths):
-        if image is not None and (
-            image.ndim != 2 or image.dtype != np.float32 or not 0 < len(image) <= length
-        ):
-            raise ValueError("an image is float32 pixels [patches, patch size], with a token for each patch")

@@ -10,6 +10,7 @@ from api.body import decode_body
 from api.encoding import check_dimensions, encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
+from api.image_inputs import embed_items
 from api.inputs import normalize_input
 from api.late_chunking import late_chunked_vectors
 from api.models import EMBED, ServedModel
@@ -35,11 +36,12 @@ TOKEN_IDS_REFUSED = (
     responses=documented(EmbeddingResponse, "the embeddings, in input order"),
 )
 async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EncodedJson:
-    """OpenAI's embeddings: one vector a text (or token-id list), float or base64; `dimensions` shortens
-    them. With `late_chunking`, the inputs are one document's chunks, read together."""
+    """OpenAI's embeddings: one vector a text (or token-id list, or, for an image model, an image part),
+    float or base64; `dimensions` shortens them. With `late_chunking`, the inputs are one document's chunks,
+    read together."""
     data = await decode_body(request, EmbeddingRequest)
-    model = server.registry().get(data.model, EMBED)
     inputs = normalize_input(data.input, server.config.max_inputs)
+    model = server.registry().get(data.model, EMBED)
     check_dimensions(data.dimensions, model.spec.output_dim)
     encoder = model.encoder
     max_tokens, truncate = truncation(
@@ -48,6 +50,12 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
     guard = RequestGuard(model.engine, request, server.config)
     if data.late_chunking:
         vectors, num_tokens = await _late_chunked(model, inputs.texts, data, guard, max_tokens, truncate)
+    elif inputs.parts is not None:  # texts and images
+        spec = model.spec
+        prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
+        vectors, num_tokens = await embed_items(
+            model, inputs.parts, guard, server.config.images, max_tokens, truncate, prompt=prompt or ""
+        )
     else:
         if inputs.texts is not None:
             spec = model.spec

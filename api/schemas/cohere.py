@@ -109,7 +109,7 @@ EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
 class EmbedRequest(msgspec.Struct, kw_only=True):
-    """Cohere's /v2/embed, texts only."""
+    """Cohere's /v2/embed: texts, or (an image model's) images."""
 
     texts: Annotated[list[str] | None, msgspec.Meta(description="the texts, 1 to 2048")] = None
     model: Annotated[
@@ -139,12 +139,18 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
         int | None,
         msgspec.Meta(description="each text's token limit (at most the window); over it, truncate decides"),
     ] = None
-    images: Annotated[list[str] | None, msgspec.Meta(description="not supported: texts only (400)")] = None
+    images: Annotated[
+        list[str] | None,
+        msgspec.Meta(
+            description="instead of texts, for an image model: images as data URIs (input_type image)"
+        ),
+    ] = None
     inputs: Annotated[
         list[Any] | None,
         msgspec.Meta(
-            description='instead of `texts`: each input\'s content one text part, {"type": "text", "text": '
-            "...} (images: 400)"
+            description="instead of `texts`: each input's content one part, "
+            '{"type": "text", "text": ...} or (an image model\'s) '
+            '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}'
         ),
     ] = None
 

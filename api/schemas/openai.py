@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-# msgspec allows one array type per union: the route checks that list items are of one kind
-EmbeddingInput = str | list[str | int | list[int]]
+# msgspec allows one array type per union: the route checks that list items are of one kind (texts and
+# content parts, {"type": "text" | "image_url", ...}, may mix)
+EmbeddingInput = str | list[str | int | list[int] | dict[str, Any]]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     input: Annotated[
         EmbeddingInput,
         msgspec.Meta(
-            description="a text, 1 to 2048 texts (none empty), or with --accept-token-ids token-id lists",
+            description="a text, 1 to 2048 texts (none empty) or content parts (a text, or an image: "
+            '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}, for an image model), '
+            "or with --accept-token-ids token-id lists",
             examples=[["a cat sat on the mat", "stocks fell"]],
         ),
     ]

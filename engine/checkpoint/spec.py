@@ -57,6 +57,8 @@ class ModelSpec:
     implementation: str = "posy"  # "posy": a packed model; "transformers": the fallback
     trust_remote_code: bool = False  # the fallback may run the code in the checkpoint folder
     images: ImageLayout | None = None  # how it takes an image; None: it takes none
+    # (length, pad id): every text is padded to that many tokens, as the model was trained (SigLIP)
+    text_padding: tuple[int, int] | None = None
 
     # what the head says of the served model
     @property
@@ -166,7 +168,15 @@ def read_spec(
         trust_remote_code=trust_remote_code,
         matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
         images=image_layout(checkpoint, family_config),
+        text_padding=text_padding(checkpoint, family_config),
     )
+
+
+def text_padding(checkpoint: Checkpoint, family_config: Any) -> tuple[int, int] | None:
+    if not (isinstance(family_config, DualEncoderConfig) and family_config.variant.pads_texts):
+        return None
+    text = checkpoint.hf_config.text_config
+    return text.max_position_embeddings, text.pad_token_id
 
 
 def image_layout(checkpoint: Checkpoint, family_config: Any) -> ImageLayout | None:

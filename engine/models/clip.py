@@ -45,6 +45,9 @@ class DualEncoderVariant:
     pre_norm: bool  # a LayerNorm over the vision embeddings ("pre_layrnorm")
     attention_pool: bool  # SigLIP: a learned probe attends over the patches (a MAP head), no projection
     patch_bias: bool
+    # its texts are padded to the window with the pad token, as it was trained (SigLIP's processor pads to
+    # max_length) and as it reads them: pooled at the last position, pads attended to
+    pads_texts: bool
     ignored: tuple[str, ...]  # what the checkpoint holds beside the towers (the logit scale of training)
 
 
@@ -56,6 +59,7 @@ CLIP = DualEncoderVariant(
     pre_norm=True,
     attention_pool=False,
     patch_bias=False,
+    pads_texts=False,
     ignored=("logit_scale",),
 )
 SIGLIP = DualEncoderVariant(
@@ -66,6 +70,7 @@ SIGLIP = DualEncoderVariant(
     pre_norm=False,
     attention_pool=True,
     patch_bias=True,
+    pads_texts=True,
     ignored=("logit_scale", "logit_bias"),
 )
 

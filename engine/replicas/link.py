@@ -71,7 +71,7 @@ class ReplicaLink:
         time_left_s: float | None,
         rows: RowRequest = ALL_ROWS,
     ) -> None:
-        """Write the chunk's lengths, ids (and types, and its RowRequest's prefix and spans) into the
+        """Write the chunk's lengths, ids (and types, and its RowRequest's prefix, spans and images) into the
         request ring and send its Run; `num_tokens`: its sequences' tokens."""
         prefix, spans = rows.prefix, rows.spans
         num_seqs = len(token_ids)
@@ -91,6 +91,14 @@ class ReplicaLink:
             boundaries = [offset for offsets in spans for offset in offsets or ()]
             parts += [np.asarray(counts, dtype="<i4"), np.asarray(boundaries, dtype="<i4")]
             span_words = len(counts) + len(boundaries)
+        image_words, patch_dim = 0, 0
+        if rows.images is not None:
+            counts = [-1 if image is None else len(image) for image in rows.images]
+            given = [image for image in rows.images if image is not None]
+            patch_dim = given[0].shape[1] if given else 0
+            pixels = np.concatenate(given, dtype="<f4").view("<i4").ravel() if given else np.empty(0, "<i4")
+            parts += [np.asarray(counts, dtype="<i4"), pixels]
+            image_words = len(counts) + pixels.size
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:
@@ -118,6 +126,8 @@ class ReplicaLink:
                 span_words,
                 rows.first_rows,
                 rows.columns,
+                image_words,
+                patch_dim,
             )
         )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.batch import check_spans
+from engine.batch import check_images, check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.interface import EngineInterface
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
@@ -150,6 +150,8 @@ class ReplicaPool(EngineInterface):
         prefix = rows.prefix
         prefix_length = 0 if prefix is None else len(prefix)
         capabilities = self._capabilities()
+        if rows.images is not None:
+            check_images(capabilities.output, rows, lengths)
         runs_prefixes = capabilities.shared_prefixes_from is not None
         if prefix is not None and not runs_prefixes and not capabilities.output.scores_prefix:
             raise ValueError("the engine replicas do not run shared prefixes")

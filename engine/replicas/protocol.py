@@ -70,8 +70,9 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
     prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
     `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
-    boundaries (Engine.submit's `spans`); or the file `spill`. `first_rows` and `columns`: the rest of
-    Engine.submit's RowRequest."""
+    boundaries (Engine.submit's `spans`), then with `image_words` each sequence's number of image patches
+    (int32 [num_seqs], -1: a text) and the patches' pixels (float32 [patches, patch_dim], RowRequest's
+    `images`); or the file `spill`. `first_rows` and `columns`: the rest of Engine.submit's RowRequest."""
 
     id: int
     num_seqs: int
@@ -86,6 +87,8 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     span_words: int = 0
     first_rows: bool = False
     columns: tuple[int, int] | None = None
+    image_words: int = 0
+    patch_dim: int = 0
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

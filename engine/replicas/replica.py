@@ -205,7 +205,7 @@ class _Connection:
 
     def _run(self, run: Run) -> None:
         self._replies_read(run.replies_read)
-        lengths, ids, types, prefix, spans = self._payload(run)
+        lengths, ids, types, prefix, spans, images = self._payload(run)
         ends = list(itertools.accumulate(lengths))
         token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
         token_types = None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
@@ -213,7 +213,7 @@ class _Connection:
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
-            rows = RowRequest(prefix, spans, run.first_rows, run.columns)
+            rows = RowRequest(prefix, spans, run.first_rows, run.columns, images)
             self.engine.submit(request, token_ids, token_types, deadline, rows)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
@@ -226,16 +226,16 @@ class _Connection:
 
     def _payload(
         self, run: Run
-    ) -> tuple[list[int], np.ndarray, np.ndarray | None, np.ndarray | None, list | None]:
-        """The Run's lengths, token ids, token types, prefix and spans, copied out of the ring (whose space
-        the next reply then frees)."""
+    ) -> tuple[list[int], np.ndarray, np.ndarray | None, np.ndarray | None, list | None, list | None]:
+        """The Run's lengths, token ids, token types, prefix, spans and images, copied out of the ring (whose
+        space the next reply then frees)."""
         count = run.num_tokens
         types_end = run.num_seqs + count * (2 if run.has_types else 1)
         if run.spill is not None:
             data = read_spill(self.folder, run.spill).view(np.int32)
         else:
             data = self.requests.array(
-                run.offset, "<i4", types_end + run.prefix_tokens + run.span_words
+                run.offset, "<i4", types_end + run.prefix_tokens + run.span_words + run.image_words
             ).copy()
             self.requests_read = max(self.requests_read, run.end)
         lengths = data[: run.num_seqs].tolist()
@@ -251,7 +251,15 @@ class _Connection:
                 None if count < 0 else boundaries[end - count : end].tolist()
                 for count, end in zip(counts, ends)
             ]
-        return lengths, ids, types, prefix, spans
+        images = None
+        if run.image_words:
+            start = types_end + run.prefix_tokens + run.span_words
+            counts = data[start : start + run.num_seqs].tolist()
+            pixels = data[start + run.num_seqs : start + run.image_words].view(np.float32)
+            pixels = pixels.reshape(-1, run.patch_dim) if run.patch_dim else pixels.reshape(0, 0)
+            ends = list(itertools.accumulate(max(count, 0) for count in counts))
+            images = [None if count < 0 else pixels[end - count : end] for count, end in zip(counts, ends)]
+        return lengths, ids, types, prefix, spans, images
 
     def _replies_read(self, position: int) -> None:
         if self.replies is not None and position:

@@ -160,3 +160,33 @@ def test_a_text_model_refuses_images(minilm_path):
             asyncio.run(run())
     finally:
         engine.stop()
+
+
+def test_through_two_replicas(tmp_path):
+    """Two replica processes (chunks of at most 64 tokens) give a request of texts and images the rows the
+    engine in process gives: the patches cross the request ring with their sequences."""
+    from engine.checkpoint.source import ModelSource
+    from engine.replicas.replica_set import ReplicaSet
+
+    folder, reference = dual_encoder_checkpoint(tmp_path / "clip", "clip")
+    spec = resolve_model(str(folder))
+    layout = spec.images
+    ids = token_ids(spec, TEXTS)
+    values = np.stack([pixels(rgb(image), layout) for image in random_images()])
+    expected_texts, expected_images = reference_rows(reference, ids, values)
+    image_patches = [patches(value, layout.patch_size) for value in values]
+    sequences = [[0] * layout.num_tokens] * len(image_patches) + ids
+    images = [*image_patches, *([None] * len(ids))]
+    config = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=64, max_queue_tokens=10**5)
+    replica_set = ReplicaSet(ModelSource(str(folder)), 2, config)
+    replica_set.start()
+    try:
+
+        async def run():
+            return (await replica_set.pool.enqueue(sequences * 3, rows=RowRequest(images=images * 3))).rows
+
+        got = asyncio.run(asyncio.wait_for(run(), 120))
+    finally:
+        replica_set.stop()
+    expected = np.concatenate([expected_images, expected_texts] * 3)
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)

@@ -1,0 +1,118 @@
+"""Inputs that are texts or images, as the embeddings routes take them (OpenAI's `input` parts and
+`messages` as vLLM takes them, Cohere v2's `images` and `inputs`): each one a vector. Texts are tokenized,
+images decoded and made into patches on the tokenizer threads; an image's sequence is a placeholder of the
+tokens it takes, so that budgets and admission count it, and its patches ride along (RowRequest.images)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from api.errors import InvalidInput
+from api.guard import RequestGuard
+from api.images import ImageLimits, image_patches
+from api.models import EMBED, ServedModel
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    source: str  # a data URI, bare base64 or (with --allow-image-urls) a URL
+    param: str  # where the request named it, for errors ("input[3]")
+
+
+Item = str | ImageInput
+
+
+def content_item(part: Any, where: str) -> Item:
+    """One content part as OpenAI's chat and Cohere's v2 inputs spell it: {"type": "text", "text": ...} or
+    {"type": "image_url", "image_url": {"url": ...}} (its url a string also)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str) and part["text"]:
+        return part["text"]
+    if kind == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str) and url:
+            return ImageInput(url, where)
+    raise InvalidInput(
+        f'{where} must be a part {{"type": "text", "text": "..."}} or {{"type": "image_url", "image_url": '
+        '{"url": "data:image/png;base64,..."}}',
+        where.split("[")[0],
+    )
+
+
+def single_part(parts: Any, where: str) -> Item:
+    """An input given as a list of content parts: one part, a text or an image (a dual encoder embeds
+    each alone: it has no joint vector of a text and an image)."""
+    if not isinstance(parts, list) or len(parts) != 1:
+        raise InvalidInput(
+            f"{where}: each input is one part, a text or an image (this server does not fuse several parts "
+            "into one vector)",
+            where.split("[")[0],
+        )
+    return content_item(parts[0], where)
+
+
+async def embed_items(
+    model: ServedModel,
+    items: Sequence[Item],
+    guard: RequestGuard,
+    limits: ImageLimits,
+    max_tokens: int,
+    truncate: bool,
+    keep_end: bool = False,
+    prompt: str = "",
+) -> tuple[np.ndarray, int]:
+    """Each item's vector, in order, and the tokens the model ran (an image's count as the tokens it
+    takes); texts are prompted, then tokenized and limited as the route says."""
+    layout = model.spec.images
+    positions = [index for index, item in enumerate(items) if isinstance(item, ImageInput)]
+    if positions and layout is None:
+        first = items[positions[0]]
+        raise InvalidInput(
+            f"{first.param} is an image, and the model '{model.name}' embeds text only: images need an image "
+            "model (CLIP, SigLIP)",
+            first.param.split("[")[0],
+        )
+    texts = [prompt + item for item in items if isinstance(item, str)]
+    encoder = model.encoder
+    sequences: list[Sequence[int]] = [[]] * len(items)
+    if texts:
+        encoded = iter(
+            await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end, guard))
+        )
+        for index, item in enumerate(items):
+            if isinstance(item, str):
+                sequences[index] = next(encoded)
+    rows = model.rows(EMBED)
+    if positions:
+        images: list[ImageInput] = [items[index] for index in positions]  # type: ignore[misc]
+
+        def work(part: Sequence[str], first: int) -> list[np.ndarray]:
+            return [
+                image_patches(source, layout, limits, images[first + offset].param)
+                for offset, source in enumerate(part)
+            ]
+
+        decoded = await guard.tokenized(decode_all(encoder.pool, work, [image.source for image in images]))
+        pixels: list[np.ndarray | None] = [None] * len(items)
+        placeholder = [0] * layout.num_tokens
+        for index, patches in zip(positions, decoded):
+            pixels[index], sequences[index] = patches, placeholder
+        rows = dataclasses.replace(rows, images=pixels)
+    vectors = await guard.run(sequences, rows=rows)
+    return vectors, sum(map(len, sequences))
+
+
+async def decode_all(pool, work, sources: list[str]) -> list[np.ndarray]:
+    """The images' patches, decoded on the tokenizer threads; the first failure (in order) is raised."""
+    joined: list[np.ndarray] = []
+    for part in await pool.map(work, sources):
+        if isinstance(part, BaseException):
+            raise part
+        joined += part
+    return joined
