@@ -16,6 +16,7 @@ from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
+from api.image_inputs import ImageInput, Item, content_item, embed_items, single_part
 from api.inputs import check_query, check_texts
 from api.models import RERANK, ServedModel
 from api.responses import EncodedJson, documented
@@ -29,6 +30,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
+from scoring.heads import cosine_to_scores
 from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
@@ -42,8 +44,9 @@ RANKED = documented(RerankResponse, "the documents' indexes and scores, most rel
 
 @post("/v1/rerank", status_code=200, request_body=RerankRequest, responses=RANKED)
 async def rerank_v1(request: Request, server: NamedDependency[Server]) -> EncodedJson:
-    """Cohere's v1 rerank: the documents (strings, or objects ranked on `rank_fields`), most relevant
-    first, scores in [0, 1]; a long document scores its best chunk (at most `max_chunks_per_doc`)."""
+    """Cohere's v1 rerank: the documents (strings, or objects ranked on `rank_fields`; for an image model
+    also images, as Jina's {"image": ...} or vLLM's content parts), most relevant first, scores in [0, 1]; a
+    long document scores its best chunk (at most `max_chunks_per_doc`)."""
     data = await decode_body(request, RerankRequest)
     chunks = _positive(data.max_chunks_per_doc, "max_chunks_per_doc") or DEFAULT_MAX_CHUNKS_PER_DOC
     options = RerankOptions(max_chunks_per_doc=chunks, instruction=data.instruction)
@@ -66,12 +69,25 @@ async def _rerank(
     check_query(data.query)
     check_documents(data.documents, server.config.max_documents)
     top_n = _positive(data.top_n, "top_n")
-    texts = [
-        document_text(document, data.rank_fields, index) for index, document in enumerate(data.documents)
+    items = [
+        document_item(document, data.rank_fields, index) for index, document in enumerate(data.documents)
     ]
-    check_texts(texts, server.config.max_documents, "documents")
     guard = RequestGuard(model.engine, request, server.config)
-    scores = await score_texts(model, data.query, texts, options, guard)
+    if model.spec.images is not None:  # a dual encoder: texts and images, each a vector
+        check_texts(
+            [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
+        )
+        scores = await dual_encoder_scores(model, data.query, items, guard, server)
+    else:
+        images = [index for index, item in enumerate(items) if isinstance(item, ImageInput)]
+        if images:
+            raise InvalidInput(
+                f"document {images[0]} is an image, and the model '{model.name}' ranks text only: images "
+                "need an image model (CLIP, SigLIP)",
+                "documents",
+            )
+        check_texts(items, server.config.max_documents, "documents")  # type: ignore[arg-type]
+        scores = await score_texts(model, data.query, items, options, guard)  # type: ignore[arg-type]
     results = [
         RerankResult(
             index=index,
@@ -105,6 +121,17 @@ async def score_texts(
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
 
 
+async def dual_encoder_scores(
+    model: ServedModel, query: str, items: list[Item], guard: RequestGuard, server: Server
+) -> np.ndarray:
+    """A dual encoder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
+    the window, or an image), as an embedding model's rerank scores."""
+    vectors, _ = await embed_items(
+        model, [query, *items], guard, server.config.images, model.encoder.window, True
+    )
+    return cosine_to_scores(vectors[0], vectors[1:])
+
+
 def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:
     """The tokens rerank reads of a query (the window) and of a document (max_tokens_per_doc, or its
     max_chunks_per_doc windows); a listwise ranker's own limits."""
@@ -128,6 +155,20 @@ def check_documents(documents: Sequence[object], max_documents: int, param: str 
         raise InvalidInput(
             f"{param} has {len(documents)} items, more than the limit of {max_documents}", param
         )
+
+
+def document_item(document: Document, rank_fields: list[str] | None, index: int) -> Item:
+    """A document's text (document_text), or its image: Jina's {"image": ...}, or one content part as
+    vLLM's multimodal rerank sends it ({"content": [part]}, or the part itself)."""
+    where = f"documents[{index}]"
+    if isinstance(document, dict) and rank_fields is None:
+        if isinstance(document.get("image"), str) and "text" not in document:
+            return ImageInput(document["image"], where)
+        if "content" in document and "text" not in document:
+            return single_part(document["content"], where)
+        if document.get("type") in ("image_url", "text"):
+            return content_item(document, where)
+    return document_text(document, rank_fields, index)
 
 
 def document_text(document: Document, rank_fields: list[str] | None, index: int) -> str:

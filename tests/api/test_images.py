@@ -218,3 +218,36 @@ def test_image_urls_are_fetched_only_when_allowed_and_within_limits(tmp_path_fac
             assert response.status_code == 400 and needle in response.json()["error"]["message"], (
                 response.text
             )
+
+
+def test_rerank_of_image_documents(served):
+    """Images among rerank's documents, as Jina ({"image": ...}) and vLLM ({"content": [part]}) send them:
+    each scores (1 + cosine) / 2 of its vector and the query's, as an embedding model's documents do."""
+    client, name, texts, images = served
+    documents = [
+        {"image": data_uri(IMAGES[0])},
+        TEXTS[1],
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]},
+        {"type": "image_url", "image_url": {"url": data_uri(IMAGES[2])}},
+    ]
+    for version in ("v1", "v2"):
+        body = {"model": name, "query": TEXTS[0], "documents": documents, "return_documents": True}
+        response = client.post(f"/{version}/rerank", json=body)
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        expected = (1 + np.stack([images[0], texts[1], images[1], images[2]]) @ texts[0]) / 2
+        assert [result["index"] for result in results] == np.argsort(-expected, kind="stable").tolist()
+        got = {result["index"]: result["relevance_score"] for result in results}
+        np.testing.assert_allclose([got[index] for index in range(4)], expected, atol=TOLERANCE, rtol=0)
+        assert results[0]["document"] == (
+            documents[results[0]["index"]] if results[0]["index"] != 1 else {"text": TEXTS[1]}
+        )
+    bad = [*documents[:1], {"image": data_uri(b"not an image")}]
+    response = client.post("/v2/rerank", json={"model": name, "query": "q", "documents": bad})
+    assert response.status_code == 400 and "documents[1]" in response.json()["message"], response.text
+
+
+def test_a_text_ranker_refuses_image_documents(client):
+    documents = ["a", {"image": data_uri(IMAGES[0])}]
+    response = client.post("/v2/rerank", json={"query": "q", "documents": documents})
+    assert response.status_code == 400 and "document 1 is an image" in response.json()["message"]
