@@ -150,13 +150,13 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         loop.close()
         http = measure_http(folder, encoded, half, device, dtype, rounds, smoke)
     records = [
-        ctx.record("embed", "images_per_s", count / posy_s, "images/s", count / theirs_s),
-        ctx.record("embed", "tokens_per_s", tokens / posy_s, "tokens/s", tokens / theirs_s),
-        ctx.record("embed", "min_cosine_vs_fp32", cosine, "cosine"),
-        ctx.record("preprocess", "images_per_s_one_thread", count / preprocess_s, "images/s"),
-        ctx.record("rerank-50", "p50_ms", 1000 * rerank_posy, "ms", 1000 * rerank_theirs),
-        ctx.record("embed-http", "images_per_s", http["embed"][0], "images/s", http["embed"][1]),
-        ctx.record("rerank-http-50", "p50_ms", http["rerank"][0], "ms", http["rerank"][1]),
+        ctx.record(f"{case} embed", "images_per_s", count / posy_s, "images/s", count / theirs_s),
+        ctx.record(f"{case} embed", "tokens_per_s", tokens / posy_s, "tokens/s", tokens / theirs_s),
+        ctx.record(f"{case} embed", "min_cosine_vs_fp32", cosine, "cosine"),
+        ctx.record(f"{case} preprocess", "images_per_s_one_thread", count / preprocess_s, "images/s"),
+        ctx.record(f"{case} rerank-50", "p50_ms", 1000 * rerank_posy, "ms", 1000 * rerank_theirs),
+        ctx.record(f"{case} embed-http", "images_per_s", http["embed"][0], "images/s", http["embed"][1]),
+        ctx.record(f"{case} rerank-http-50", "p50_ms", http["rerank"][0], "ms", http["rerank"][1]),
     ]
     speedups = {
         "engine images/s": theirs_s / posy_s,
@@ -170,7 +170,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
     elif not smoke and short:
         failure = f"{case}: against transformers, below {SPEEDUP}x: {', '.join(short)}"
     for record in records:
-        print(f"{case} {record.case} {record.metric}: {record.value:.4g} (baseline {record.baseline})")
+        print(f"{record.case} {record.metric}: {record.value:.4g} (baseline {record.baseline})")
     return records, failure
 
 
