@@ -14,18 +14,30 @@ from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
 
 @dataclass(slots=True)
 class ImageBatch:
-    """A batch's images (a dual encoder's): the sequences that are images, their patches' pixels, and
-    where each tower's tokens are. An image sequence's tokens are the model's own leading tokens (a class
-    token), then one a patch."""
+    """A batch's images (a dual encoder's): the sequences that are images, their pixels, and where each
+    tower's tokens are. An image sequence's tokens are the model's own leading token (a class token, at
+    position 0) where it has one, then one a patch."""
 
-    pixels: torch.Tensor  # [num_patches, patch_dim] float32: the images' patches, in order
-    patch_rows: torch.Tensor  # [num_patches] int64: each patch's row among the images' tokens
+    # [num_image_tokens, patch_dim] float32: each image token's patch pixels, zeros for a class token
+    pixels: torch.Tensor
     image_tokens: torch.Tensor  # [num_image_tokens] int64: the batch's tokens that are images'
     image_seqs: torch.Tensor  # [num_images] int64: the batch's sequences that are images
     image_cu_seqlens: torch.Tensor  # host [num_images + 1] int32, of the images' tokens alone
     text_tokens: torch.Tensor  # likewise of the texts (empty where none)
     text_seqs: torch.Tensor
     text_cu_seqlens: torch.Tensor  # host
+
+    @classmethod
+    def only(cls, pixels: torch.Tensor) -> ImageBatch:
+        """A batch of images alone, of these pixels (a CUDA graph's static inputs): every token an image's."""
+        empty = pixels.new_empty(0, dtype=torch.int64)
+        host = torch.zeros(1, dtype=torch.int32)
+        return cls(pixels, empty, empty, host, empty, empty, host)
+
+    @property
+    def only_images(self) -> bool:
+        """Every sequence of the batch is an image: its tokens are the images' tokens, in order."""
+        return self.text_seqs.numel() == 0
 
     def to(self, device: torch.device | str) -> ImageBatch:
         def moved(tensor: torch.Tensor) -> torch.Tensor:
@@ -34,7 +46,7 @@ class ImageBatch:
             return tensor.to(device, non_blocking=True)
 
         return ImageBatch(
-            moved(self.pixels), moved(self.patch_rows), moved(self.image_tokens), moved(self.image_seqs),
+            moved(self.pixels), moved(self.image_tokens), moved(self.image_seqs),
             self.image_cu_seqlens, moved(self.text_tokens), moved(self.text_seqs), self.text_cu_seqlens,
         )  # fmt: skip
 
@@ -205,16 +217,14 @@ def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> 
     text_tokens, text_cu = tokens_of(text_seqs)
     patches = [images[i] for i in image_seqs]
     counts = np.fromiter((len(pixels) for pixels in patches), dtype=np.int64, count=len(patches))
-    leading = lengths[image_seqs] - counts  # the model's own tokens before an image's patches
-    if (leading < 0).any() or (counts == 0).any():
-        raise ValueError("an image sequence has at least one patch, and a token for each")
-    patch_rows = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(
-        image_cu[:-1].numpy().astype(np.int64) + leading - np.concatenate([[0], np.cumsum(counts)[:-1]]),
-        counts,
-    )
+    leading = lengths[image_seqs] - counts  # the model's own token before an image's patches
+    if not ((leading == 0) | (leading == 1)).all() or (counts == 0).any():
+        raise ValueError("an image sequence has at least one patch, a token for each, and at most one more")
+    pixels = np.zeros((int(image_cu[-1]), patches[0].shape[1]), dtype=np.float32)
+    for start, first, image in zip(image_cu[:-1].tolist(), leading.tolist(), patches):
+        pixels[start + first : start + first + len(image)] = image
     return ImageBatch(
-        torch.from_numpy(np.concatenate(patches, dtype=np.float32)),
-        torch.from_numpy(patch_rows),
+        torch.from_numpy(pixels),
         image_tokens,
         torch.from_numpy(image_seqs),
         image_cu,

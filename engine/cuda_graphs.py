@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.attention.metadata import KeyLayout, gather_keys
-from engine.batch import PackedBatch
+from engine.batch import ImageBatch, PackedBatch
 from engine.config import (
     LARGE_TOKEN_STEP,
     MIN_SEQLEN_BUCKET,
@@ -30,8 +30,9 @@ from engine.progress import progress
 
 logger = logging.getLogger(__name__)
 
-# (token bucket, sequence slots, sequence-length bucket, key bucket: 0 where the batch has no key layout)
-GraphKey = tuple[int, int, int, int]
+# (token bucket, sequence slots, sequence-length bucket, key bucket: 0 where the batch has no key layout,
+# patch size: a batch of images' pixels a token, 0 for texts)
+GraphKey = tuple[int, int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -48,13 +49,19 @@ class _StaticInputs:
     meta: AttentionMetadata
 
     @classmethod
-    def allocate(cls, key: GraphKey, device: torch.device) -> _StaticInputs:
-        num_tokens, num_slots, max_seqlen, num_keys = key
+    def allocate(
+        cls, key: GraphKey, device: torch.device, pixels: torch.Tensor | None = None
+    ) -> _StaticInputs:
+        """`pixels`: an images key's [num_tokens, patch size] float32 device buffer (a view of the cache's
+        one buffer)."""
+        num_tokens, num_slots, max_seqlen, num_keys, _ = key
         ints = torch.zeros(staging_size(key), dtype=torch.int64, device=device)
         cu_seqlens = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         ids, types, positions, segments = ints[: 4 * num_tokens].view(4, num_tokens).unbind(0)
         lengths = ints[4 * num_tokens : 4 * num_tokens + num_slots]
         batch = PackedBatch(ids, types, positions, cu_seqlens, max_seqlen)
+        if pixels is not None:
+            batch.images = ImageBatch.only(pixels)
         narrowed = [(ints[_cu_seqlens_range(key)], cu_seqlens)]
         keys = None
         if num_keys:
@@ -77,19 +84,19 @@ class _StaticInputs:
 
 
 def _cu_seqlens_range(key: GraphKey) -> slice:
-    num_tokens, num_slots, _, _ = key
+    num_tokens, num_slots, *_ = key
     start = 4 * num_tokens + num_slots
     return slice(start, start + num_slots + 1)
 
 
 def _key_index_range(key: GraphKey) -> slice:
-    num_tokens, num_slots, _, num_keys = key
+    num_tokens, num_slots, _, num_keys, _ = key
     start = 4 * num_tokens + 2 * num_slots + 1
     return slice(start, start + num_keys)
 
 
 def _key_cu_seqlens_range(key: GraphKey) -> slice:
-    _, num_slots, _, num_keys = key
+    _, num_slots, _, num_keys, _ = key
     start = _key_index_range(key).stop
     return slice(start, start + num_slots + 1 if num_keys else start)
 
@@ -119,7 +126,7 @@ def stage(batch: PackedBatch, key: GraphKey, out: np.ndarray | None = None) -> n
     zero-length slots, then the dummy sequences over the tail tokens (they soak up the padding and
     are never read back). With a key bucket, each slot's keys: its prefix's rows then its own (a dummy's
     own only), the index's tail pointing at row 0 and read by no slot."""
-    num_tokens, num_slots, max_seqlen, num_keys = key
+    num_tokens, num_slots, max_seqlen, num_keys, _ = key
     real_tokens, real_seqs = batch.num_tokens, batch.num_seqs
     dummies = num_dummies(real_tokens, num_tokens, max_seqlen)
     ints = np.empty(staging_size(key), dtype=np.int64) if out is None else out
@@ -182,23 +189,35 @@ class GraphCache:
         self.num_hits: Counter[GraphKey] = Counter()
         self.capture_seconds: dict[GraphKey, float] = {}
         self.memory_bytes = 0
+        # images' pixels, a row a token, for every images key: one device buffer of the largest bucket's
+        # rows (each key's graph reads its first rows) and its pinned host twin, written after the last
+        # copy out of it (`pixels_staged`); allocated at the first images graph
+        self.pixels: torch.Tensor | None = None
+        self.pixel_staging: torch.Tensor | None = None
+        self.pixels_staged: torch.cuda.Event | None = None
 
     def key(self, batch: PackedBatch) -> GraphKey | None:
         token_bucket = self.config.token_bucket(batch.num_tokens)
         if token_bucket is None:
             return None
+        patch_size = 0
+        if batch.images is not None:
+            # a batch of images alone runs its vision tower in a graph; texts and images together, eagerly
+            if not batch.images.only_images or batch.prefix_of is not None:
+                return None
+            patch_size = batch.images.pixels.shape[1]
         if batch.prefix_of is not None:
             return self.key_layout_key(batch, token_bucket)
         if batch.max_seqlen > self.largest_seqlen_bucket:
             # past the model window (a caller that sent ids the routes would have cut): no graph's
             # length bucket, nor its dummies' slots, holds it
             return None
-        if self.config.cuda_graphs == "eager-warmup":
+        if self.config.cuda_graphs == "eager-warmup" and not patch_size:
             # pre-warmed graphs have the most slots and the longest sequences: every batch finds one
             return self.warm_key(token_bucket)
         seqlen = self.config.seqlen_bucket(batch.max_seqlen, self.largest_seqlen_bucket)
         num_slots = batch.num_seqs + num_dummies(batch.num_tokens, token_bucket, seqlen)
-        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0, patch_size
 
     def key_layout_key(self, batch: PackedBatch, token_bucket: int) -> GraphKey | None:
         """The key of a batch whose sequences continue shared prefixes: its length bucket bounds each
@@ -213,19 +232,19 @@ class GraphCache:
         seqlen = self.config.seqlen_bucket(longest, self.largest_seqlen_bucket)
         num_slots = batch.num_seqs + num_dummies(batch.num_tokens, token_bucket, seqlen)
         num_keys = self.config.key_bucket(token_bucket + int(prefix_lengths.sum()))
-        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, num_keys
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, num_keys, 0
 
     def warm_key(self, token_bucket: int) -> GraphKey:
         seqlen = self.largest_seqlen_bucket
         padding = SMALL_TOKEN_STEP if token_bucket <= SMALL_TOKEN_LIMIT else LARGE_TOKEN_STEP
         num_slots = self.config.max_batch_seqs + num_dummies(token_bucket - padding, token_bucket, seqlen)
-        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0
+        return token_bucket, self.config.sequence_bucket(num_slots, token_bucket), seqlen, 0, 0
 
     def run(self, batch: PackedBatch) -> torch.Tensor | None:
         """[num_seqs, out_dim] rows (a token head's: [num_tokens, out_dim]) on the device from a graph, or
         None: run this batch eagerly (also one with query-only tokens, whose key layout no graph stages,
-        with pooled spans, with rows at chosen tokens, or with images)."""
-        unstaged = (batch.num_query_only, batch.pool_cu_seqlens, batch.row_index, batch.images)
+        with pooled spans, with rows at chosen tokens, or with texts and images together)."""
+        unstaged = (batch.num_query_only, batch.pool_cu_seqlens, batch.row_index)
         eager = any(layout is not None for layout in unstaged)
         key = None if eager else self.key(batch)
         if key is None:
@@ -244,16 +263,41 @@ class GraphCache:
             graph.inputs.meta, host_cu_seqlens(staged, key), host_key_cu_seqlens(staged, key)
         )
         graph.inputs.ints.copy_(graph.staging, non_blocking=True)
+        if key[4]:
+            self.stage_pixels(batch, graph.inputs.batch.images.pixels)
         graph.staged.record()
         graph.graph.replay()
         return graph.output[: batch.num_tokens if self.token_rows else batch.num_seqs]
+
+    def stage_pixels(self, batch: PackedBatch, pixels: torch.Tensor) -> None:
+        """A batch of images' pixels into the graph's rows of the shared buffer, zeros past them."""
+        self.pixels_staged.synchronize()  # long done: it ran before the last replay
+        real = batch.num_tokens
+        staging = self.pixel_staging[: pixels.shape[0]]
+        staging[:real].copy_(batch.images.pixels)
+        staging[real:].zero_()
+        pixels.copy_(staging, non_blocking=True)
+        self.pixels_staged.record()
+
+    def pixel_rows(self, key: GraphKey) -> torch.Tensor | None:
+        """An images key's rows of the shared pixel buffer (allocated at the first); None for texts."""
+        num_tokens, patch_size = key[0], key[4]
+        if not patch_size:
+            return None
+        if self.pixels is None:  # a model's images have one patch size
+            rows = max(self.config.token_buckets())
+            self.pixels = torch.zeros(rows, patch_size, dtype=torch.float32, device=self.device)
+            self.pixel_staging = torch.zeros(rows, patch_size, dtype=torch.float32, pin_memory=True)
+            self.pixels_staged = torch.cuda.Event()
+            self.pixels_staged.record()
+        return self.pixels[:num_tokens]
 
     def capture(self, key: GraphKey) -> _Graph:
         started = time.perf_counter()
         # capture itself empties the allocator's cache: empty it first so the growth is the pool's
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
-        inputs = _StaticInputs.allocate(key, self.device)
+        inputs = _StaticInputs.allocate(key, self.device, self.pixel_rows(key))
         # a valid batch in the buffers while capturing: one sequence as long as the key allows (with
         # its dummies it covers the whole bucket, as a host plan's first layout must)
         placeholder = stage(_placeholder_batch(key), key)
@@ -299,7 +343,7 @@ def _placeholder_batch(key: GraphKey) -> PackedBatch:
     length bucket) slots, and so fits any key a real batch produced (k sequences of real tokens T,
     none longer than the length bucket L, and their dummies take k + ceil((tokens - T) / L) slots,
     at least that many)."""
-    num_tokens, _, max_seqlen, _ = key
+    num_tokens, _, max_seqlen, *_ = key
     length = min(max_seqlen, num_tokens)
     zeros = torch.zeros(length, dtype=torch.int64)
     return PackedBatch(zeros, zeros, zeros, torch.tensor([0, length], dtype=torch.int32), length)

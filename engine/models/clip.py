@@ -309,16 +309,15 @@ class DualEncoderBackbone(Backbone):
         return self.text_head(self.text_norm(hidden[last_rows(meta, hidden.shape[0])]))
 
     def image_rows(
-        self, pixels: torch.Tensor, patch_rows: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self, pixels: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        # an image's sequence is its class token (where the variant has one) then its patches: pixels
-        # [num_patches, patch_dim] go to `patch_rows` of the tokens -> [num_images, projection_dim]
-        patches = self.patch_embedding(pixels)
-        if self.class_embedding is None:
-            hidden = patches
-        else:
-            hidden = self.class_embedding.expand(positions.shape[0], -1).clone()
-            hidden[patch_rows] = patches
+        # a batch of images -> [num_seqs, projection_dim]: pixels [num_tokens, patch_dim] (zeros at a class
+        # token, which the variant has at position 0), positions restarting at 0 an image. Shape-static:
+        # a CUDA graph captures it
+        hidden = self.patch_embedding(pixels)
+        if self.class_embedding is not None:
+            is_class = (positions == 0).unsqueeze(1)
+            hidden = torch.where(is_class, self.class_embedding.to(hidden.dtype), hidden)
         hidden = hidden + self.image_positions(positions)
         if self.pre_norm is not None:
             hidden = self.pre_norm(hidden)

@@ -1,7 +1,8 @@
 """A dual encoder's head (CLIP, SigLIP): a text's row from the text tower, an image's from the vision
 tower, both in one space and L2-normalized, in the order of the batch's sequences. Its HeadOutput says it
-takes images; a batch of texts alone runs as any text batch (CUDA graphs included), one with images runs
-each tower over its own sequences."""
+takes images; a batch of texts alone runs as any text batch, one of images alone through the vision tower
+over the batch's own metadata (both in CUDA graphs), and one of both each tower over its own sequences
+(eagerly)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ class DualEncoder(Head):
             if meta is None:
                 meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
             return F.normalize(backbone.text_rows(batch, meta).float(), dim=-1)
+        if images.only_images:  # the batch's own metadata; a CUDA graph captures this path
+            if meta is None:
+                meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
+            return F.normalize(backbone.image_rows(images.pixels, batch.positions, meta).float(), dim=-1)
         device = batch.input_ids.device
         rows = torch.empty(batch.num_seqs, self.output.width, dtype=torch.float32, device=device)
         if images.text_seqs.numel():
@@ -58,9 +63,7 @@ class DualEncoder(Head):
         cu_seqlens = images.image_cu_seqlens
         image_meta = AttentionMetadata.build(cu_seqlens, int(torch.diff(cu_seqlens).max())).to(device)
         positions = batch.positions[images.image_tokens]
-        rows[images.image_seqs] = backbone.image_rows(
-            images.pixels, images.patch_rows, positions, image_meta
-        ).float()
+        rows[images.image_seqs] = backbone.image_rows(images.pixels, positions, image_meta).float()
         return F.normalize(rows, dim=-1)
 
 

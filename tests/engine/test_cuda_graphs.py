@@ -37,7 +37,7 @@ def test_sequence_slots_and_length_buckets():
 def test_stage_pads_with_zero_length_slots_then_dummies_no_longer_than_the_length_bucket():
     batch = pack([[5, 6, 7], [8, 9]], [[0, 0, 1], None])
     # 5 real tokens padded to 12, sequences of at most 4: dummies of 4 and 3 tokens after one empty slot
-    ints = stage(batch, (12, 5, 4, 0))
+    ints = stage(batch, (12, 5, 4, 0, 0))
     ids, types, positions, segments = ints[:48].reshape(4, 12).tolist()
     assert ids == [5, 6, 7, 8, 9] + [0] * 7
     assert types == [0, 0, 1] + [0] * 9
@@ -46,7 +46,7 @@ def test_stage_pads_with_zero_length_slots_then_dummies_no_longer_than_the_lengt
     assert ints[48:53].tolist() == [3, 2, 1, 4, 3]  # slot lengths; the empty slot divides by one
     assert ints[53:].tolist() == [0, 3, 5, 5, 9, 12]  # cu_seqlens
     # staging into a used buffer gives the same layout
-    assert (stage(batch, (12, 5, 4, 0), out=np.full(59, 7, dtype=np.int64)) == ints).all()
+    assert (stage(batch, (12, 5, 4, 0, 0), out=np.full(59, 7, dtype=np.int64)) == ints).all()
 
 
 def test_graph_key_reserves_slots_for_the_dummies():
@@ -55,10 +55,28 @@ def test_graph_key_reserves_slots_for_the_dummies():
     config = EngineConfig(device="cuda", max_batch_tokens=4096)
     graphs = GraphCache.__new__(GraphCache)  # key() needs no device
     graphs.config, graphs.largest_seqlen_bucket = config, 512
-    assert graphs.key(pack([[1] * 50] * 30)) == (1536, 32, 64, 0)  # 36 padding tokens: one dummy
-    assert graphs.key(pack([[1] * 50] * 27)) == (1536, 32, 64, 0)  # 186 padding tokens: three dummies
-    assert graphs.key(pack([[1] * 300])) == (320, 2, 512, 0)
-    assert graphs.key(pack([[1] * 128])) == (128, 1, 128, 0)  # exactly on a bucket: no dummy
+    assert graphs.key(pack([[1] * 50] * 30)) == (1536, 32, 64, 0, 0)  # 36 padding tokens: one dummy
+    assert graphs.key(pack([[1] * 50] * 27)) == (1536, 32, 64, 0, 0)  # 186 padding tokens: three dummies
+    assert graphs.key(pack([[1] * 300])) == (320, 2, 512, 0, 0)
+    assert graphs.key(pack([[1] * 128])) == (128, 1, 128, 0, 0)  # exactly on a bucket: no dummy
+
+
+def test_a_batch_of_images_alone_has_a_key_of_its_patch_size():
+    """Images alone (a dual encoder's vision tower) run in graphs keyed also by their patch size; texts
+    and images together run eagerly."""
+    import numpy as np
+
+    from engine.cuda_graphs import GraphCache, stage
+
+    config = EngineConfig(device="cuda", max_batch_tokens=4096)
+    graphs = GraphCache.__new__(GraphCache)  # key() needs no device
+    graphs.config, graphs.largest_seqlen_bucket = config, 128
+    image = np.ones((49, 48), dtype=np.float32)
+    images = pack([[0] * 50] * 3, images=[image] * 3)
+    key = graphs.key(images)
+    assert key == (192, 4, 64, 0, 48) and stage(images, key).shape[0] > 0
+    assert graphs.key(pack([[0] * 50, [5, 6]], images=[image, None])) is None
+    assert graphs.key(pack([[5, 6] * 25] * 3)) == (192, 4, 64, 0, 0)
 
 
 def test_a_sequence_past_the_longest_length_bucket_runs_eagerly():
@@ -72,7 +90,7 @@ def test_a_sequence_past_the_longest_length_bucket_runs_eagerly():
     assert graphs.key(batch) is None
     inside = pack([[1] * 128] + [[1] * 60] * 99)
     key = graphs.key(inside)
-    assert key == (6144, 128, 128, 0) and stage(inside, key).shape[0] > 0
+    assert key == (6144, 128, 128, 0, 0) and stage(inside, key).shape[0] > 0
 
 
 def test_a_shared_prefix_batch_stages_each_slots_keys_prefix_first():
@@ -83,7 +101,7 @@ def test_a_shared_prefix_batch_stages_each_slots_keys_prefix_first():
     batch = pack([[5, 6, 7], [8, 9], [10, 11, 12, 13]], prefix_of=[-1, 0, 0])
     # 9 tokens in a 64-token bucket, one dummy of 55 tokens; keys 3 + 5 + 7 + the dummy's 55 in 128
     key = graphs.key(batch)
-    assert key == (64, 4, 64, 128)
+    assert key == (64, 4, 64, 128, 0)
     ints = stage(batch, key)
     index = ints[4 * 64 + 2 * 4 + 1 :][:128]
     assert index[:15].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7, 8]
@@ -96,7 +114,7 @@ def test_a_shared_prefix_batch_stages_each_slots_keys_prefix_first():
 
 
 def test_stage_without_padding_has_no_dummy():
-    ints = stage(pack([[5, 6, 7, 8]]), (4, 1, 4, 0))
+    ints = stage(pack([[5, 6, 7, 8]]), (4, 1, 4, 0, 0))
     assert ints[:16].reshape(4, 4)[3].tolist() == [0, 0, 0, 0]  # every token in sequence 0
     assert ints[16:].tolist() == [4, 0, 4]  # slot length, cu_seqlens
 
@@ -167,7 +185,7 @@ def test_replay_equals_eager_at_bucket_edges_and_across_many_batches(tmp_path, b
                 int(n) for n in torch.randint(1, 9, (5,), generator=torch.Generator().manual_seed(100 + seed))
             ]
             batch = random_batch(lengths, 1000 + seed)
-            assert graphs.key(batch) == (64, 8, 64, 0)
+            assert graphs.key(batch) == (64, 8, 64, 0, 0)
             out = graphs.run(batch)
             if out is None:  # the key's first hit, unless an earlier shape captured it
                 assert seed == 0
