@@ -920,7 +920,32 @@ GEMMA3_CROSS_ENCODER = Family(
     classifier_logit, ablated=gemma3_without_sliding_window, min_tokens=GEMMA3_SLIDING_WINDOW,
 )  # fmt: skip
 
+
 # the families every generic test runs over; add a family's entry here to have it checked end to end
+def build_dual_encoder(folder: Path, kind: str) -> nn.Module:
+    """A tiny random CLIP or SigLIP (benchmarks/image_checkpoints.py), with its tokenizer and processor."""
+    from benchmarks.image_checkpoints import dual_encoder_checkpoint
+
+    return dual_encoder_checkpoint(folder, kind)[1]
+
+
+def text_features(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    """A dual encoder's normalized text vector, as transformers' get_text_features gives it."""
+    with torch.inference_mode():
+        output = model.get_text_features(input_ids=torch.tensor([list(ids)]))
+    output = output.pooler_output if hasattr(output, "pooler_output") else output
+    return F.normalize(output[0], dim=-1).numpy()
+
+
+# image models: texts and images, each a vector (compat_tests/test_model_families.py's own tests)
+CLIP = Family(
+    "tiny-clip", "openai/clip-vit-base-patch32", partial(build_dual_encoder, kind="clip"), text_features
+)
+SIGLIP = Family(
+    "tiny-siglip", "google/siglip-base-patch16-224", partial(build_dual_encoder, kind="siglip"), text_features
+)
+DUAL_ENCODERS = [CLIP, SIGLIP]
+
 EMBEDDERS = [
     BGE_M3,
     QWEN3_EMBEDDING,

@@ -28,6 +28,7 @@ from .contract import SAME_VECTOR, cohere_client, cosine
 from .families import (
     CPU_FLOAT32,
     CROSS_ENCODERS,
+    DUAL_ENCODERS,
     EMBEDDERS,
     JUDGE_INSTRUCTION,
     LOGIT_SCORE_RERANKER,
@@ -35,6 +36,7 @@ from .families import (
     QWEN3_EMBEDDING,
     QWEN3_EMBEDDING_PROMPTS,
     QWEN3_RERANKER,
+    SIGLIP,
     Family,
     build_gpt2,
     judge_probability,
@@ -56,7 +58,7 @@ DOCUMENTS = [
 CUSTOM_INSTRUCTION = "Given a product question, find the customer review that answers it"
 UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
 # what the one server serves: every generic family, and the families with tests of their own
-SERVED = [*EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER]
+SERVED = [*EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER, *DUAL_ENCODERS]
 
 
 @dataclass(slots=True)
@@ -227,6 +229,54 @@ def test_models_list_describes_the_family(serve, family, tasks, matryoshka):
     assert (model["id"], model["tasks"], model["matryoshka"]) == (family.id, tasks, matryoshka)
     assert model["dimensions"] == (family.dimensions if "embed" in tasks else None)
     assert model["max_model_len"] == MAX_POSITIONS
+
+
+@pytest.mark.parametrize("family", family_ids(DUAL_ENCODERS))
+def test_image_models_embed_texts_and_images_through_the_sdks(serve, family):
+    """The OpenAI SDK's texts and image parts, and Cohere v2's images, on the one server beside the text
+    families: each text the reference's text vector (SigLIP's padded to its window, as its processor
+    pads), each image its image vector, from the PNG sent."""
+    import base64
+    import io
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    served = serve(family)
+    text_config = served.reference.config.text_config
+    rng = np.random.default_rng(0)
+    pngs = []
+    for height, width in ((40, 56), (64, 30)):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+        pngs.append(buffer.getvalue())
+    uris = [f"data:image/png;base64,{base64.b64encode(data).decode()}" for data in pngs]
+    processor = AutoImageProcessor.from_pretrained(served.folder)
+    pixels = processor(images=[Image.open(io.BytesIO(data)) for data in pngs], return_tensors="pt")
+    with torch.inference_mode():
+        output = served.reference.get_image_features(pixel_values=pixels["pixel_values"])
+    output = output.pooler_output if hasattr(output, "pooler_output") else output
+    expected_images = torch.nn.functional.normalize(output, dim=-1).numpy()
+    padded = family is SIGLIP
+
+    def text_vector(text: str) -> np.ndarray:
+        ids = served.ids(text)
+        if padded:
+            ids = ids + [text_config.pad_token_id] * (text_config.max_position_embeddings - len(ids))
+        return family.reference(served.reference, ids)
+
+    parts = [TEXTS[0], {"type": "image_url", "image_url": {"url": uris[0]}}, TEXTS[2]]
+    parts.append({"type": "image_url", "image_url": {"url": uris[1]}})
+    with openai_client(served) as client:
+        response = client.embeddings.create(model=family.id, input=parts)
+    expected = [text_vector(TEXTS[0]), expected_images[0], text_vector(TEXTS[2]), expected_images[1]]
+    for ours, theirs in zip(vectors(response), expected, strict=True):
+        assert cosine(ours, theirs) >= SAME_VECTOR
+    with cohere_client(cohere.ClientV2, served.url, timeout=60.0) as client:
+        response = client.embed(model=family.id, input_type="image", images=uris, embedding_types=["float"])
+    for ours, theirs in zip(response.embeddings.float_, expected_images, strict=True):
+        assert cosine(np.asarray(ours, dtype=np.float32), theirs) >= SAME_VECTOR
 
 
 def test_every_model_type_posy_packs_is_served_by_a_family(serve):
