@@ -12,7 +12,8 @@ random weights (CLIP ViT-B/16 and SigLIP base at 224 px), bf16 on both sides, in
   /v2/rerank of a text query against 50 images, one request at a time (p50), each against transformers
   doing the same work from the same PNGs (PIL decode, its image processor, the model; the 50 images and
   the query in one call).
-`--smoke` runs tiny shapes on the CPU."""
+The HTTP cases also record the server's own p50s (its timing headers: total, tokenization, which is where
+images are decoded, queue and inference). `--smoke` runs tiny shapes on the CPU."""
 
 from __future__ import annotations
 
@@ -157,6 +158,15 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         ctx.record(f"{case} rerank-50", "p50_ms", 1000 * rerank_posy, "ms", 1000 * rerank_theirs),
         ctx.record(f"{case} embed-http", "images_per_s", http["embed"][0], "images/s", http["embed"][1]),
         ctx.record(f"{case} rerank-http-50", "p50_ms", http["rerank"][0], "ms", http["rerank"][1]),
+        *(
+            ctx.record(
+                f"{case} {'embed-http' if kind == 'embed' else 'rerank-http-50'}",
+                f"server_{stage}_p50_ms",
+                value,
+                "ms",
+            )
+            for (kind, stage), value in http["server"].items()
+        ),
     ]
     speedups = {
         "engine images/s": theirs_s / posy_s,
@@ -175,6 +185,8 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
 
 
 HTTP_BATCH, HTTP_CLIENTS = 32, 4
+# the server's timing headers (ms), recorded as p50s: where a request's time went inside it
+SERVER_STAGES = ("total", "tokenization", "queue", "inference")
 
 
 def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, rounds: int, smoke: bool):
@@ -197,12 +209,18 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
     flags = ["--max-body-bytes", str(256 << 20), "--device", device]
     if smoke:
         flags += ["--dtype", "float32"]
+    timings: dict[str, list[dict[str, float]]] = {"embed": [], "rerank": []}
+
+    def keep(kind: str, response) -> None:
+        response.raise_for_status()
+        headers = response.headers
+        timings[kind].append({stage: float(headers[f"x-{stage}-time"]) for stage in SERVER_STAGES})
+
     with serve(folder, *flags) as url, httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
 
         def embed(batch):
             parts = [{"type": "image_url", "image_url": {"url": uri}} for uri in batch]
-            response = client.post("/v1/embeddings", json={"input": parts, "encoding_format": "base64"})
-            response.raise_for_status()
+            keep("embed", client.post("/v1/embeddings", json={"input": parts, "encoding_format": "base64"}))
 
         def embed_all():
             with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
@@ -210,12 +228,13 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
 
         def rerank():
             documents = [{"image": uri} for uri in uris[:RERANK_IMAGES]]
-            response = client.post("/v2/rerank", json={"query": query, "documents": documents})
-            response.raise_for_status()
+            keep("rerank", client.post("/v2/rerank", json={"query": query, "documents": documents}))
 
         embed_all()  # warm-up: graphs, the tokenizer threads' first parts
-        posy_embed = statistics.median(timed(embed_all, rounds, "cpu"))
         rerank()
+        timings["embed"].clear()
+        timings["rerank"].clear()
+        posy_embed = statistics.median(timed(embed_all, rounds, "cpu"))
         posy_rerank = statistics.median(timed(rerank, 4 * rounds, "cpu"))
 
     processor = AutoImageProcessor.from_pretrained(folder)
@@ -242,9 +261,15 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
     theirs_embed = statistics.median(timed(lambda: transformers_images(encoded).cpu(), rounds, device))
     theirs_rerank = statistics.median(timed(transformers_rerank, 4 * rounds, device))
     count = len(encoded)
+    server = {
+        (kind, stage): statistics.median(times[stage] for times in timings[kind])
+        for kind in timings
+        for stage in SERVER_STAGES
+    }
     return {
         "embed": (count / posy_embed, count / theirs_embed),
         "rerank": (1000 * posy_rerank, 1000 * theirs_rerank),
+        "server": server,
     }
 
 
