@@ -16,16 +16,21 @@ from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
 class ImageBatch:
     """A batch's images (a dual encoder's): the sequences that are images, their pixels, and where each
     tower's tokens are. An image sequence's tokens are the model's own leading token (a class token, at
-    position 0) where it has one, then one a patch."""
+    position 0) where it has one, then one a patch. On the host each image's patches stay the array they
+    came as, written once into the buffer that goes to the device (`write`); on the device `pixels` holds
+    them a row a token."""
 
-    # [num_image_tokens, patch_dim] float32: each image token's patch pixels, zeros for a class token
-    pixels: torch.Tensor
+    # [num_image_tokens, patch_dim] on the device: each image token's patch pixels, zeros at a class
+    # token; None on the host, where `patches` and `rows` say what to write
+    pixels: torch.Tensor | None
     image_tokens: torch.Tensor  # [num_image_tokens] int64: the batch's tokens that are images'
     image_seqs: torch.Tensor  # [num_images] int64: the batch's sequences that are images
     image_cu_seqlens: torch.Tensor  # host [num_images + 1] int32, of the images' tokens alone
     text_tokens: torch.Tensor  # likewise of the texts (empty where none)
     text_seqs: torch.Tensor
     text_cu_seqlens: torch.Tensor  # host
+    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] float32
+    rows: Sequence[int] = ()  # host: the row (among the images' tokens) of each image's first patch
 
     @classmethod
     def only(cls, pixels: torch.Tensor) -> ImageBatch:
@@ -39,14 +44,34 @@ class ImageBatch:
         """Every sequence of the batch is an image: its tokens are the images' tokens, in order."""
         return self.text_seqs.numel() == 0
 
-    def to(self, device: torch.device | str) -> ImageBatch:
-        def moved(tensor: torch.Tensor) -> torch.Tensor:
-            if torch.device(device).type == "cuda":
-                tensor = tensor.pin_memory()
-            return tensor.to(device, non_blocking=True)
+    @property
+    def num_rows(self) -> int:
+        return int(self.image_cu_seqlens[-1])
 
+    @property
+    def patch_size(self) -> int:
+        return self.patches[0].shape[1]
+
+    def write(self, out: torch.Tensor) -> None:
+        """The pixels a row a token into `out` (host, [num_rows, patch_dim], any float dtype: a copy that
+        converts), zeros at the class tokens; one pass over each image."""
+        start = 0
+        for row, image in zip(self.rows, self.patches):
+            out[start:row].zero_()
+            out[row : row + len(image)].copy_(torch.from_numpy(image))
+            start = row + len(image)
+        out[start:].zero_()
+
+    def to(self, device: torch.device | str) -> ImageBatch:
+        cuda = torch.device(device).type == "cuda"
+
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            return (tensor.pin_memory() if cuda else tensor).to(device, non_blocking=True)
+
+        pixels = torch.empty(self.num_rows, self.patch_size, dtype=torch.float32, pin_memory=cuda)
+        self.write(pixels)
         return ImageBatch(
-            moved(self.pixels), moved(self.image_tokens), moved(self.image_seqs),
+            pixels.to(device, non_blocking=True), moved(self.image_tokens), moved(self.image_seqs),
             self.image_cu_seqlens, moved(self.text_tokens), moved(self.text_seqs), self.text_cu_seqlens,
         )  # fmt: skip
 
@@ -220,17 +245,18 @@ def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> 
     leading = lengths[image_seqs] - counts  # the model's own token before an image's patches
     if not ((leading == 0) | (leading == 1)).all() or (counts == 0).any():
         raise ValueError("an image sequence has at least one patch, a token for each, and at most one more")
-    pixels = np.zeros((int(image_cu[-1]), patches[0].shape[1]), dtype=np.float32)
-    for start, first, image in zip(image_cu[:-1].tolist(), leading.tolist(), patches):
-        pixels[start + first : start + first + len(image)] = image
+    if len({image.shape[1] for image in patches}) != 1:
+        raise ValueError("a batch's images have one patch size")
     return ImageBatch(
-        torch.from_numpy(pixels),
+        None,
         image_tokens,
         torch.from_numpy(image_seqs),
         image_cu,
         text_tokens,
         torch.from_numpy(text_seqs),
         text_cu,
+        patches,
+        (image_cu[:-1].numpy() + leading).tolist(),
     )
 
 

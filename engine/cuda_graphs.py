@@ -190,8 +190,8 @@ class GraphCache:
         self.capture_seconds: dict[GraphKey, float] = {}
         self.memory_bytes = 0
         # images' pixels, a row a token, for every images key: one device buffer of the largest bucket's
-        # rows (each key's graph reads its first rows) and its pinned host twin, written after the last
-        # copy out of it (`pixels_staged`); allocated at the first images graph
+        # rows in the model's dtype (each key's graph reads its first rows) and its pinned host twin,
+        # written after the last copy out of it (`pixels_staged`); allocated at the first images graph
         self.pixels: torch.Tensor | None = None
         self.pixel_staging: torch.Tensor | None = None
         self.pixels_staged: torch.cuda.Event | None = None
@@ -205,7 +205,7 @@ class GraphCache:
             # a batch of images alone runs its vision tower in a graph; texts and images together, eagerly
             if not batch.images.only_images or batch.prefix_of is not None:
                 return None
-            patch_size = batch.images.pixels.shape[1]
+            patch_size = batch.images.patch_size
         if batch.prefix_of is not None:
             return self.key_layout_key(batch, token_bucket)
         if batch.max_seqlen > self.largest_seqlen_bucket:
@@ -270,12 +270,11 @@ class GraphCache:
         return graph.output[: batch.num_tokens if self.token_rows else batch.num_seqs]
 
     def stage_pixels(self, batch: PackedBatch, pixels: torch.Tensor) -> None:
-        """A batch of images' pixels into the graph's rows of the shared buffer, zeros past them."""
+        """A batch of images' pixels into the graph's rows of the shared buffer (in the model's dtype: the
+        host writes each image once, converting as it copies), zeros past them."""
         self.pixels_staged.synchronize()  # long done: it ran before the last replay
-        real = batch.num_tokens
         staging = self.pixel_staging[: pixels.shape[0]]
-        staging[:real].copy_(batch.images.pixels)
-        staging[real:].zero_()
+        batch.images.write(staging)  # the real tokens' rows, then zeros over the padding
         pixels.copy_(staging, non_blocking=True)
         self.pixels_staged.record()
 
@@ -286,8 +285,10 @@ class GraphCache:
             return None
         if self.pixels is None:  # a model's images have one patch size
             rows = max(self.config.token_buckets())
-            self.pixels = torch.zeros(rows, patch_size, dtype=torch.float32, device=self.device)
-            self.pixel_staging = torch.zeros(rows, patch_size, dtype=torch.float32, pin_memory=True)
+            # the patch embedding's dtype: it reads them so, and half the bytes cross (bf16)
+            dtype = next(self.model.parameters()).dtype
+            self.pixels = torch.zeros(rows, patch_size, dtype=dtype, device=self.device)
+            self.pixel_staging = torch.zeros(rows, patch_size, dtype=dtype, pin_memory=True)
             self.pixels_staged = torch.cuda.Event()
             self.pixels_staged.record()
         return self.pixels[:num_tokens]

@@ -43,6 +43,8 @@ class DualEncoder(Head):
             if meta is None:
                 meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
             return F.normalize(backbone.text_rows(batch, meta).float(), dim=-1)
+        if images.pixels is None:  # a host batch run as it is (the runner moves a batch first)
+            images = images.to(batch.input_ids.device)
         if images.only_images:  # the batch's own metadata; a CUDA graph captures this path
             if meta is None:
                 meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
