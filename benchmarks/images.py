@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import io
 import statistics
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.records import RunContext, SuiteOutcome, engine_backend
+from benchmarks.records import RunContext, SuiteOutcome, engine_backend, run_cases
 from benchmarks.timing import timed
 
 NUM_IMAGES, SMOKE_IMAGES = 256, 8
@@ -176,9 +175,9 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
     short = [f"{name} {value:.2f}x" for name, value in speedups.items() if value < SPEEDUP]
     failure = None
     if cosine < MIN_COSINE:
-        failure = f"{case}: image rows at cosine {cosine:.4f} of fp32 (< {MIN_COSINE})"
+        failure = f"image rows at cosine {cosine:.4f} of fp32 (< {MIN_COSINE})"
     elif not smoke and short:
-        failure = f"{case}: against transformers, below {SPEEDUP}x: {', '.join(short)}"
+        failure = f"against transformers, below {SPEEDUP}x: {', '.join(short)}"
     for record in records:
         print(f"{record.case} {record.metric}: {record.value:.4g} (baseline {record.baseline})")
     return records, failure
@@ -274,23 +273,7 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
 
 
 def run(options: argparse.Namespace) -> SuiteOutcome:
-    import torch
+    def measure(case, device: str, gpu: str | None, smoke: bool):
+        return measure_case(case, options, device, gpu, smoke)
 
-    smoke = getattr(options, "smoke", False)
-    device = "cpu" if smoke else "cuda"
-    gpu = torch.cuda.get_device_name() if device == "cuda" else None
-    records, failures = [], []
-    for case in CASES:
-        try:
-            measured, failure = measure_case(case, options, device, gpu, smoke)
-        except Exception as error:  # the case's failure; the next case still runs
-            measured, failure = [], f"{case}: {type(error).__name__}: {error}"
-        finally:
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        records += measured
-        if failure:
-            failures.append(failure)
-            print(failure)
-    return SuiteOutcome(records, failures)
+    return run_cases(CASES, str, measure, getattr(options, "smoke", False))

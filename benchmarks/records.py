@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,38 @@ class RunContext:
 class SuiteOutcome:
     records: list[Record]
     failures: list[str]  # guard violations; any makes `python -m benchmarks SUITE` exit non-zero
+
+
+def run_cases(
+    cases: Sequence[Any],
+    name_of: Callable[[Any], str],
+    measure: Callable[[Any, str, str | None, bool], tuple[list[Record], str | None]],
+    smoke: bool,
+) -> SuiteOutcome:
+    """A suite of cases on CUDA (on the CPU with `smoke`): `measure(case, device, gpu, smoke)` gives its
+    records and a failure (or None); a case that raises fails alone and the next one runs; memory is
+    freed between cases."""
+    import gc
+
+    import torch
+
+    device = "cpu" if smoke else "cuda"
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
+    records, failures = [], []
+    for case in cases:
+        try:
+            measured, failure = measure(case, device, gpu, smoke)
+        except Exception as error:  # the case's failure; the next case still runs
+            measured, failure = [], f"{type(error).__name__}: {error}"
+        finally:
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        records += measured
+        if failure:
+            failures.append(f"{name_of(case)}: {failure}")
+            print(failures[-1])
+    return SuiteOutcome(records, failures)
 
 
 def engine_backend(engine) -> str:

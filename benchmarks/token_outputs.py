@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.mixed import engine_config, random_sequences
-from benchmarks.records import Record, RunContext, SuiteOutcome, engine_backend
+from benchmarks.records import Record, RunContext, SuiteOutcome, engine_backend, run_cases
 from benchmarks.timing import timed
 from benchmarks.token_references import (
     QUERY_EXPANSION_ID,
@@ -179,26 +178,10 @@ CASES = (
 
 
 def run(options: argparse.Namespace) -> SuiteOutcome:
-    import torch
+    def measure(case, device: str, gpu: str | None, smoke: bool):
+        return measure_case(case, options, device, gpu, smoke)
 
-    smoke = getattr(options, "smoke", False)
-    device = "cpu" if smoke else "cuda"
-    gpu = torch.cuda.get_device_name() if device == "cuda" else None
-    records, failures = [], []
-    for case in CASES:
-        try:
-            measured, failure = measure_case(case, options, device, gpu, smoke)
-        except Exception as error:  # the case's failure; the next case still runs
-            measured, failure = [], f"{case.name}: {type(error).__name__}: {error}"
-        finally:
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        records += measured
-        if failure:
-            failures.append(failure)
-            print(f"{case.name}: {failure}")
-    return SuiteOutcome(records, failures)
+    return run_cases(CASES, lambda case: case.name, measure, getattr(options, "smoke", False))
 
 
 def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool) -> tuple[list[Record], str]:

@@ -39,10 +39,6 @@ class ImageLayout:
         """The tokens an image takes in a batch."""
         return self.leading_tokens + self.num_patches
 
-    @property
-    def patch_dim(self) -> int:
-        return 3 * self.patch_size * self.patch_size
-
 
 def read_image_layout(name: str, folder: Path, vision_config: Any, leading_tokens: int) -> ImageLayout:
     """The layout of a model whose vision tower takes square images of vision_config.image_size."""

@@ -144,11 +144,6 @@ class DualEncoderConfig:
             num_channels=vision.num_channels,
         )
 
-    @property
-    def image_tokens(self) -> int:
-        """The tokens an image takes: its patches, and the class token where there is one."""
-        return self.vision.num_positions
-
 
 class EncoderLayer(nn.Module):
     """Pre-norm block: fused-QKV self-attention, then an MLP, each added to the residual."""

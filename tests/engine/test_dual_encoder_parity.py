@@ -66,6 +66,16 @@ def token_ids(spec, texts):
     return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
 
 
+def engine_inputs(folder, reference):
+    """The checkpoint's spec, TEXTS' ids, random_images' patches, and transformers' text and image rows."""
+    spec = resolve_model(str(folder))
+    layout = spec.images
+    ids = token_ids(spec, TEXTS)
+    values = np.stack([pixels(rgb(image), layout) for image in random_images()])
+    expected_texts, expected_images = reference_rows(reference, ids, values)
+    return spec, ids, [patches(value, layout.patch_size) for value in values], expected_texts, expected_images
+
+
 def test_preprocessing_matches_the_models_processor(checkpoint):
     """Resize, crop (padding an image smaller than it), rescale and normalize as transformers' processor
     does, exactly; transparency over white, grayscale made RGB."""
@@ -87,17 +97,12 @@ def test_preprocessing_matches_the_models_processor(checkpoint):
 
 
 def test_text_image_and_mixed_rows_match_transformers(checkpoint):
-    folder, reference = checkpoint
-    spec = resolve_model(str(folder))
+    spec, ids, image_patches, expected_texts, expected_images = engine_inputs(*checkpoint)
     layout = spec.images
     assert spec.task == "embed" and layout is not None
     assert layout.num_tokens == layout.num_patches + (spec.hf_config.model_type == "clip")
     model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
     assert model.output.takes_images
-    ids = token_ids(spec, TEXTS)
-    values = np.stack([pixels(rgb(image), layout) for image in random_images()])
-    expected_texts, expected_images = reference_rows(reference, ids, values)
-    image_patches = [patches(value, layout.patch_size) for value in values]
     placeholder = [0] * layout.num_tokens
     # texts and images interleaved in one batch, as the engine may pack them
     sequences, images, expected = [], [], []
@@ -122,13 +127,8 @@ def test_text_image_and_mixed_rows_match_transformers(checkpoint):
 def test_engine_requests_of_texts_and_images(checkpoint):
     """A request mixing texts and images, split over several batches (max_batch_tokens), gives each
     sequence its own row in order; a text-only engine refuses images before queueing them."""
-    folder, reference = checkpoint
-    spec = resolve_model(str(folder))
+    spec, ids, image_patches, expected_texts, expected_images = engine_inputs(*checkpoint)
     layout = spec.images
-    ids = token_ids(spec, TEXTS)
-    values = np.stack([pixels(rgb(image), layout) for image in random_images()])
-    expected_texts, expected_images = reference_rows(reference, ids, values)
-    image_patches = [patches(value, layout.patch_size) for value in values]
     sequences = [*ids, *([[0] * layout.num_tokens] * len(image_patches))]
     images = [*([None] * len(ids)), *image_patches]
     order = np.random.default_rng(1).permutation(len(sequences))
@@ -169,12 +169,8 @@ def test_through_two_replicas(tmp_path):
     from engine.replicas.replica_set import ReplicaSet
 
     folder, reference = dual_encoder_checkpoint(tmp_path / "clip", "clip")
-    spec = resolve_model(str(folder))
+    spec, ids, image_patches, expected_texts, expected_images = engine_inputs(folder, reference)
     layout = spec.images
-    ids = token_ids(spec, TEXTS)
-    values = np.stack([pixels(rgb(image), layout) for image in random_images()])
-    expected_texts, expected_images = reference_rows(reference, ids, values)
-    image_patches = [patches(value, layout.patch_size) for value in values]
     sequences = [[0] * layout.num_tokens] * len(image_patches) + ids
     images = [*image_patches, *([None] * len(ids))]
     config = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=64, max_queue_tokens=10**5)
