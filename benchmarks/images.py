@@ -75,7 +75,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
     from api.images import ImageLimits, decode, patches, pixels
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
-    from engine.config import EngineConfig
+    from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
     from engine.outputs import RowRequest
 
     count = SMOKE_IMAGES if smoke else NUM_IMAGES
@@ -90,9 +90,12 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         preprocess_s = time.perf_counter() - started
         image_patches = [patches(value, layout.patch_size) for value in values]
         dtype = torch.float32 if smoke else torch.bfloat16
+        # the batch size `posy serve` takes on this device (16k tokens: 83 images of 197 on a GPU)
+        max_batch_tokens = default_max_batch_tokens(device)
         config = EngineConfig(
-            device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend
-        )
+            device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend,
+            max_batch_tokens=max_batch_tokens, max_queue_tokens=QUEUE_BATCHES * max_batch_tokens,
+        )  # fmt: skip
         engine = build_engine(spec, config)
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
         placeholder = [0] * layout.num_tokens

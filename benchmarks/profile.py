@@ -2,9 +2,10 @@
 time (QUANTIZATION "fp8": with --quantization fp8; CASES: a comma-separated subset), on the BERT-base
 shape (the default) at batch 1 x 128, at a full 16k-token batch of 50-token texts and at the scoring
 suite's 5 and 50 pairs of 512 tokens, on the Qwen3-0.6B shape at one text of 128 and of 4096 tokens
-and at 50 x 512 (the judge's body), or on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
-at its 100 mixed texts in one batch: the host's share (pack, step, wait), a graph replay alone, and
-every GPU kernel and copy of one step (count, summed time)."""
+and at 50 x 512 (the judge's body), on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
+at its 100 mixed texts in one batch, or on the images suite's dual encoders (clip-vit-b16,
+siglip-base-p16) at 32 images and at a full 16k-token batch of them: the host's share (pack, step,
+wait), a graph replay alone, and every GPU kernel and copy of one step (count, summed time)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ def main(argv: list[str]) -> None:
     from engine.batch import pack
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
-    from engine.config import EngineConfig
+    from engine.config import GPU_MAX_BATCH_TOKENS, EngineConfig
 
     layout_shapes = {"mpnet-base": MPNET, "qwen2-1.5b": QWEN2, "gemma3-300m": GEMMA3}
+    image_shapes = ("clip-vit-b16", "siglip-base-p16")
+    images: dict[str, list] = {}
     shape = argv[0] if argv else "bert-base"
     backend = argv[1] if len(argv) > 1 else "auto"
     quantization = argv[2] if len(argv) > 2 else "none"
@@ -40,6 +43,18 @@ def main(argv: list[str]) -> None:
             "1x4096": random_sequences([4096], 1),
             "50x512": random_sequences([512] * 50, 3),
         }
+    elif shape in image_shapes:
+        from benchmarks.images import build
+
+        checkpoint_folder, _ = build(shape, Path(tempfile.mkdtemp()) / shape, smoke=False)
+        layout = resolve_model(str(checkpoint_folder)).images
+        generator = torch.Generator().manual_seed(0)
+        patch_dim = 3 * layout.patch_size**2
+        patch = torch.randn(layout.num_patches, patch_dim, generator=generator)
+        counts = {"32img": 32, "full": GPU_MAX_BATCH_TOKENS // layout.num_tokens}
+        cases = {name: [[0] * layout.num_tokens] * count for name, count in counts.items()}
+        images = {name: [patch.numpy()] * count for name, count in counts.items()}
+        max_batch_tokens = GPU_MAX_BATCH_TOKENS
     elif shape in layout_shapes:  # the families suite's shapes, its 100 mixed texts in one batch
         from benchmarks.mixed import MAX_BATCH_TOKENS, mixed_sequences
 
@@ -61,17 +76,18 @@ def main(argv: list[str]) -> None:
         device="cuda", dtype="bfloat16", attention_backend=backend, max_batch_tokens=max_batch_tokens,
         max_queue_tokens=2**21, quantization=quantization,
     )  # fmt: skip
-    engine = build_engine(resolve_model(str(checkpoint.folder)), config)
+    folder = checkpoint_folder if shape in image_shapes else checkpoint.folder
+    engine = build_engine(resolve_model(str(folder)), config)
     print(f"{shape}: attention backend {engine.attention_backend}, quantization {quantization}")
     runner = engine.runner
     try:
         for name, sequences in cases.items():
             for _ in range(4):
-                runner.step(pack(sequences)).result()
+                runner.step(pack(sequences, images=images.get(name))).result()
             host = []
-            for _ in range(50 if shape in ("qwen3-0.6b", *layout_shapes) else 200):
+            for _ in range(50 if shape in ("qwen3-0.6b", *layout_shapes, *image_shapes) else 200):
                 start = time.perf_counter()
-                batch = pack(sequences)
+                batch = pack(sequences, images=images.get(name))
                 packed = time.perf_counter()
                 lazy = runner.step(batch)
                 stepped = time.perf_counter()
@@ -79,7 +95,11 @@ def main(argv: list[str]) -> None:
                 host.append((packed - start, stepped - packed, time.perf_counter() - stepped))
             pack_ms, step_ms, wait_ms = (1000 * statistics.median(column) for column in zip(*host))
             print(f"== {name}: pack {pack_ms:.3f} ms, step (host) {step_ms:.3f} ms, wait {wait_ms:.3f} ms")
-            graph = runner.graphs.graphs.get(runner.graphs.key(pack(sequences))) if runner.graphs else None
+            graph = (
+                runner.graphs.graphs.get(runner.graphs.key(pack(sequences, images=images.get(name))))
+                if runner.graphs
+                else None
+            )
             if graph is not None:
                 replays = []
                 for _ in range(200):
@@ -91,7 +111,7 @@ def main(argv: list[str]) -> None:
                 print(f"   graph replay + sync alone: p50 {1000 * statistics.median(replays):.3f} ms")
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
                 for _ in range(5):
-                    runner.step(pack(sequences)).result()
+                    runner.step(pack(sequences, images=images.get(name))).result()
             kernels = [
                 (event.name, event.time_range.elapsed_us())
                 for event in trace.events()
