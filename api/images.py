@@ -1,8 +1,8 @@
 """Images a request sends: read from a data URI or bare base64 (or, with --allow-image-urls, fetched from a
 URL within a size and time limit), decoded with Pillow, checked, and made into the patches a model takes
-(its ImageLayout: made RGB, resized, cropped, rescaled and normalized as its processor does, then cut into
-patches, channel, row and column flattened). Runs on the tokenizer threads: Pillow lets go of the GIL while
-it decodes and resizes."""
+(its ImageLayout: made RGB, resized and cropped as its processor does, then cut into patches, channel, row
+and column flattened, still 8-bit: the model rescales and normalizes them on the device, ImageLayout.affine).
+Runs on the gateway's image threads: Pillow lets go of the GIL while it decodes and resizes."""
 
 from __future__ import annotations
 
@@ -117,7 +117,8 @@ def decode(data: bytes, limits: ImageLimits, where: str):
 
 
 def pixels(image, layout: ImageLayout) -> np.ndarray:
-    """[channels, height, width] float32 of an RGB PIL image, processed as the model's processor does."""
+    """[channels, height, width] uint8 of an RGB PIL image, resized and cropped as the model's processor
+    does; its rescale and normalization are the model's (`normalized` on the host)."""
     if layout.resize_to is not None:
         size = layout.resize_to
     elif layout.shortest_edge is not None:
@@ -129,16 +130,14 @@ def pixels(image, layout: ImageLayout) -> np.ndarray:
     array = np.asarray(image).transpose(2, 0, 1)
     if layout.crop is not None:
         array = center_crop(array, layout.crop)
-    values = (
-        (array.astype(np.float64) * layout.rescale).astype(np.float32)
-        if layout.rescale
-        else array.astype(np.float32)
-    )
-    if layout.mean is not None:
-        mean = np.asarray(layout.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(layout.std, dtype=np.float32)[:, None, None]
-        values = (values - mean) / std
-    return values
+    return array
+
+
+def normalized(values: np.ndarray, layout: ImageLayout) -> np.ndarray:
+    """The float32 pixel values the model's processor gives (`pixels`' [channels, ...] rescaled and
+    normalized), as the model computes them on the device: what transformers takes as pixel_values."""
+    scale, shift = (np.asarray(part, dtype=np.float32)[:, None, None] for part in layout.affine)
+    return values.astype(np.float32) * scale + shift
 
 
 def shortest_edge_size(height: int, width: int, edge: int) -> tuple[int, int]:
@@ -173,6 +172,6 @@ def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
 
 
 def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, where: str) -> np.ndarray:
-    """A request's image string -> the patches the model takes, float32 [num_patches, patch_dim]."""
+    """A request's image string -> the patches the model takes, uint8 [num_patches, patch_dim]."""
     image = decode(image_bytes(source, limits, where), limits, where)
     return patches(pixels(image, layout), layout.patch_size)

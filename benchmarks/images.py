@@ -72,7 +72,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
     import torch
     import torch.nn.functional as F
 
-    from api.images import ImageLimits, decode, patches, pixels
+    from api.images import ImageLimits, decode, normalized, patches, pixels
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
     from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
@@ -112,7 +112,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
             vectors = loop.run_until_complete(engine.run([query] + [placeholder] * len(subset), rows=rows))
             return vectors[1:] @ vectors[0]
 
-        pixel_values = torch.as_tensor(np.stack(values))
+        pixel_values = torch.as_tensor(np.stack([normalized(value, layout) for value in values]))
         reference = reference.to(device)
 
         def features(output):

@@ -20,8 +20,9 @@ class ImageBatch:
     came as, written once into the buffer that goes to the device (`write`); on the device `pixels` holds
     them a row a token."""
 
-    # [num_image_tokens, patch_dim] on the device: each image token's patch pixels, zeros at a class
-    # token; None on the host, where `patches` and `rows` say what to write
+    # [num_image_tokens, patch_dim] on the device: each image token's patch pixels (uint8, as the host
+    # sends them: the model rescales and normalizes), zeros at a class token; None on the host, where
+    # `patches` and `rows` say what to write
     pixels: torch.Tensor | None
     image_tokens: torch.Tensor  # [num_image_tokens] int64: the batch's tokens that are images'
     image_seqs: torch.Tensor  # [num_images] int64: the batch's sequences that are images
@@ -29,7 +30,7 @@ class ImageBatch:
     text_tokens: torch.Tensor  # likewise of the texts (empty where none)
     text_seqs: torch.Tensor
     text_cu_seqlens: torch.Tensor  # host
-    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] float32
+    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] uint8
     rows: Sequence[int] = ()  # host: the row (among the images' tokens) of each image's first patch
 
     @classmethod
@@ -53,8 +54,8 @@ class ImageBatch:
         return self.patches[0].shape[1]
 
     def write(self, out: torch.Tensor) -> None:
-        """The pixels a row a token into `out` (host, [num_rows, patch_dim], any float dtype: a copy that
-        converts), zeros at the class tokens; one pass over each image."""
+        """The pixels a row a token into `out` (host, [num_rows, patch_dim] uint8), zeros at the class tokens;
+        one pass over each image."""
         start = 0
         for row, image in zip(self.rows, self.patches):
             out[start:row].zero_()
@@ -68,7 +69,7 @@ class ImageBatch:
         def moved(tensor: torch.Tensor) -> torch.Tensor:
             return (tensor.pin_memory() if cuda else tensor).to(device, non_blocking=True)
 
-        pixels = torch.empty(self.num_rows, self.patch_size, dtype=torch.float32, pin_memory=cuda)
+        pixels = torch.empty(self.num_rows, self.patch_size, dtype=torch.uint8, pin_memory=cuda)
         self.write(pixels)
         return ImageBatch(
             pixels.to(device, non_blocking=True), moved(self.image_tokens), moved(self.image_seqs),
@@ -307,8 +308,8 @@ def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -
 
 
 def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
-    """Images go to a head that takes them, one entry a sequence, each of 2-D float32 pixels with a token
-    for each of its patches."""
+    """Images go to a head that takes them, one entry a sequence, each of 2-D uint8 pixels with a token for
+    each of its patches."""
     if not output.takes_images:
         raise ValueError("this model takes no images")
     if rows.prefix is not None or rows.spans is not None:
@@ -316,10 +317,8 @@ def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -
     if len(rows.images) != len(lengths):
         raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
     for image, length in zip(rows.images, lengths):
-        if image is not None and (
-            image.ndim != 2 or image.dtype != np.float32 or not 0 < len(image) <= length
-        ):
-            raise ValueError("an image is float32 pixels [patches, patch size], with a token for each patch")
+        if image is not None and (image.ndim != 2 or image.dtype != np.uint8 or not 0 < len(image) <= length):
+            raise ValueError("an image is uint8 pixels [patches, patch size], with a token for each patch")
 
 
 def num_spans(boundaries: Sequence[int] | None) -> int:

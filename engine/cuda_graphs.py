@@ -52,7 +52,7 @@ class _StaticInputs:
     def allocate(
         cls, key: GraphKey, device: torch.device, pixels: torch.Tensor | None = None
     ) -> _StaticInputs:
-        """`pixels`: an images key's [num_tokens, patch size] float32 device buffer (a view of the cache's
+        """`pixels`: an images key's [num_tokens, patch size] uint8 device buffer (a view of the cache's
         one buffer)."""
         num_tokens, num_slots, max_seqlen, num_keys, _ = key
         ints = torch.zeros(staging_size(key), dtype=torch.int64, device=device)
@@ -189,8 +189,8 @@ class GraphCache:
         self.num_hits: Counter[GraphKey] = Counter()
         self.capture_seconds: dict[GraphKey, float] = {}
         self.memory_bytes = 0
-        # images' pixels, a row a token, for every images key: one device buffer of the largest bucket's
-        # rows in the model's dtype (each key's graph reads its first rows) and its pinned host twin,
+        # images' pixels, a row a token, for every images key: one uint8 device buffer of the largest
+        # bucket's rows (each key's graph reads its first rows) and its pinned host twin,
         # written after the last copy out of it (`pixels_staged`); allocated at the first images graph
         self.pixels: torch.Tensor | None = None
         self.pixel_staging: torch.Tensor | None = None
@@ -270,8 +270,8 @@ class GraphCache:
         return graph.output[: batch.num_tokens if self.token_rows else batch.num_seqs]
 
     def stage_pixels(self, batch: PackedBatch, pixels: torch.Tensor) -> None:
-        """A batch of images' pixels into the graph's rows of the shared buffer (in the model's dtype: the
-        host writes each image once, converting as it copies), zeros past them."""
+        """A batch of images' pixels into the graph's rows of the shared buffer (the host writes each image
+        once), zeros past them."""
         self.pixels_staged.synchronize()  # long done: it ran before the last replay
         staging = self.pixel_staging[: pixels.shape[0]]
         batch.images.write(staging)  # the real tokens' rows, then zeros over the padding
@@ -285,10 +285,9 @@ class GraphCache:
             return None
         if self.pixels is None:  # a model's images have one patch size
             rows = max(self.config.token_buckets())
-            # the patch embedding's dtype: it reads them so, and half the bytes cross (bf16)
-            dtype = next(self.model.parameters()).dtype
-            self.pixels = torch.zeros(rows, patch_size, dtype=dtype, device=self.device)
-            self.pixel_staging = torch.zeros(rows, patch_size, dtype=dtype, pin_memory=True)
+            # 8-bit, as the host sends them: the patch embedding rescales and normalizes them
+            self.pixels = torch.zeros(rows, patch_size, dtype=torch.uint8, device=self.device)
+            self.pixel_staging = torch.zeros(rows, patch_size, dtype=torch.uint8, pin_memory=True)
             self.pixels_staged = torch.cuda.Event()
             self.pixels_staged.record()
         return self.pixels[:num_tokens]

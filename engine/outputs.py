@@ -68,7 +68,7 @@ class RowRequest:
     spans: Sequence[Sequence[int] | None] | None = None
     first_rows: bool = False  # a token head's first row of each sequence only
     columns: tuple[int, int] | None = None  # of each row, the columns [start, stop) only
-    # per sequence, the pixels of the image it is ([num_patches, patch_dim] float32; its token ids are
+    # per sequence, the pixels of the image it is ([num_patches, patch_dim] uint8; its token ids are
     # placeholders, one a token the image takes), None for a text; None: all texts
     images: Sequence[np.ndarray | None] | None = None
 

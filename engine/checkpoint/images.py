@@ -12,6 +12,7 @@ from engine.checkpoint.files import read_json
 from engine.errors import UnsupportedModel
 
 # PIL's resampling filters by the numbers processor configs give them
+CHANNELS = 3  # images are made RGB
 RESAMPLING = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
@@ -29,6 +30,16 @@ class ImageLayout:
     image_size: int  # the square the model's position table covers
     patch_size: int
     leading_tokens: int  # the model's own tokens before an image's patches (a class token)
+
+    @property
+    def affine(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per channel (scale, shift): the rescale and normalization of a pixel value x as x * scale + shift,
+        which the model applies on the device to the 8-bit pixels the host sends (a quarter of the bytes of
+        float32 ones to carry)."""
+        rescale = self.rescale if self.rescale is not None else 1.0
+        mean = self.mean if self.mean is not None else (0.0,) * CHANNELS
+        std = self.std if self.std is not None else (1.0,) * CHANNELS
+        return tuple(rescale / s for s in std), tuple(-m / s for m, s in zip(mean, std))
 
     @property
     def num_patches(self) -> int:

@@ -96,8 +96,10 @@ class ReplicaLink:
             counts = [-1 if image is None else len(image) for image in rows.images]
             given = [image for image in rows.images if image is not None]
             patch_dim = given[0].shape[1] if given else 0
-            pixels = np.concatenate(given, dtype="<f4").view("<i4").ravel() if given else np.empty(0, "<i4")
-            parts += [np.asarray(counts, dtype="<i4"), pixels]
+            pixels = np.concatenate(given).ravel() if given else np.empty(0, np.uint8)
+            padded = np.zeros(-(-pixels.size // 4) * 4, np.uint8)  # whole int32 words
+            padded[: pixels.size] = pixels
+            parts += [np.asarray(counts, dtype="<i4"), padded.view("<i4")]
             image_words = len(counts) + pixels.size
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)

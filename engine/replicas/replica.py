@@ -255,9 +255,9 @@ class _Connection:
         if run.image_words:
             start = types_end + run.prefix_tokens + run.span_words
             counts = data[start : start + run.num_seqs].tolist()
-            pixels = data[start + run.num_seqs : start + run.image_words].view(np.float32)
-            pixels = pixels.reshape(-1, run.patch_dim) if run.patch_dim else pixels.reshape(0, 0)
             ends = list(itertools.accumulate(max(count, 0) for count in counts))
+            pixels = data[start + run.num_seqs : start + run.image_words].view(np.uint8)
+            pixels = pixels[: ends[-1] * run.patch_dim].reshape(-1, run.patch_dim) if run.patch_dim else None
             images = [None if count < 0 else pixels[end - count : end] for count, end in zip(counts, ends)]
         return lengths, ids, types, prefix, spans, images
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from api.images import patches, pixels
+from api.images import normalized, patches, pixels
 from benchmarks.image_checkpoints import dual_encoder_checkpoint
 from engine.build import build_engine
 from engine.checkpoint.resolve import resolve_model
@@ -50,7 +50,8 @@ def test_texts_through_graphs_and_images_match_fp32(checkpoint):
             features(reference.get_text_features(input_ids=torch.tensor([i], device="cuda"))) for i in ids
         ]
         texts = torch.cat(texts)
-        images = features(reference.get_image_features(pixel_values=torch.as_tensor(values, device="cuda")))
+        pixel_values = torch.as_tensor(normalized(values, layout), device="cuda")
+        images = features(reference.get_image_features(pixel_values=pixel_values))
     expected_texts = F.normalize(texts, dim=-1).cpu().numpy()
     expected_images = F.normalize(images, dim=-1).cpu().numpy()
     config = EngineConfig(device="cuda", dtype="bfloat16")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from api.images import ImageLimits, decode, patches, pixels
+from api.images import ImageLimits, decode, normalized, patches, pixels
 from benchmarks.image_checkpoints import dual_encoder_checkpoint
 from engine.attention import select_backend
 from engine.batch import pack
@@ -72,13 +72,14 @@ def engine_inputs(folder, reference):
     layout = spec.images
     ids = token_ids(spec, TEXTS)
     values = np.stack([pixels(rgb(image), layout) for image in random_images()])
-    expected_texts, expected_images = reference_rows(reference, ids, values)
+    expected_texts, expected_images = reference_rows(reference, ids, normalized(values, layout))
     return spec, ids, [patches(value, layout.patch_size) for value in values], expected_texts, expected_images
 
 
 def test_preprocessing_matches_the_models_processor(checkpoint):
-    """Resize, crop (padding an image smaller than it), rescale and normalize as transformers' processor
-    does, exactly; transparency over white, grayscale made RGB."""
+    """Resize and crop (padding an image smaller than it) on the host, rescale and normalize as the model
+    does them (ImageLayout.affine), equal to transformers' processor; transparency over white, grayscale
+    made RGB."""
     from transformers import AutoImageProcessor
 
     folder, _ = checkpoint
@@ -88,12 +89,14 @@ def test_preprocessing_matches_the_models_processor(checkpoint):
         images=[image.convert("RGB") for image in images[:4]]
     )
     ours = np.stack([pixels(rgb(image), spec.images) for image in images[:4]])
-    np.testing.assert_allclose(ours, np.asarray(expected["pixel_values"]), atol=1e-6, rtol=0)
+    assert ours.dtype == np.uint8
+    np.testing.assert_allclose(
+        normalized(ours, spec.images), np.asarray(expected["pixel_values"]), atol=1e-6, rtol=0
+    )
     # RGBA composited over white as transformers' convert_to_rgb does
     reference = AutoImageProcessor.from_pretrained(folder)(images=[images[4]])["pixel_values"]
-    np.testing.assert_allclose(
-        pixels(rgb(images[4]), spec.images), np.asarray(reference)[0], atol=1e-6, rtol=0
-    )
+    ours = normalized(pixels(rgb(images[4]), spec.images), spec.images)
+    np.testing.assert_allclose(ours, np.asarray(reference)[0], atol=1e-6, rtol=0)
 
 
 def test_text_image_and_mixed_rows_match_transformers(checkpoint):
@@ -153,7 +156,7 @@ def test_a_text_model_refuses_images(minilm_path):
     try:
 
         async def run():
-            rows = RowRequest(images=[np.zeros((4, 12), dtype=np.float32)])
+            rows = RowRequest(images=[np.zeros((4, 12), dtype=np.uint8)])
             return await engine.run([[0] * 4], rows=rows)
 
         with pytest.raises(ValueError, match="takes no images"):
@@ -162,13 +165,18 @@ def test_a_text_model_refuses_images(minilm_path):
         engine.stop()
 
 
-def test_through_two_replicas(tmp_path):
+@pytest.mark.parametrize("patch_size", [8, 7])
+def test_through_two_replicas(tmp_path, patch_size):
     """Two replica processes (chunks of at most 64 tokens) give a request of texts and images the rows the
-    engine in process gives: the patches cross the request ring with their sequences."""
+    engine in process gives: the patches cross the request ring with their sequences (8-bit; of 7x7
+    patches, 9 an image, 1,323 bytes: not whole words)."""
     from engine.checkpoint.source import ModelSource
     from engine.replicas.replica_set import ReplicaSet
 
-    folder, reference = dual_encoder_checkpoint(tmp_path / "clip", "clip")
+    size = 32 if patch_size == 8 else 21
+    folder, reference = dual_encoder_checkpoint(
+        tmp_path / "clip", "clip", image_size=size, patch_size=patch_size
+    )
     spec, ids, image_patches, expected_texts, expected_images = engine_inputs(folder, reference)
     layout = spec.images
     sequences = [[0] * layout.num_tokens] * len(image_patches) + ids
