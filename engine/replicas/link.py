@@ -100,7 +100,7 @@ class ReplicaLink:
             padded = np.zeros(-(-pixels.size // 4) * 4, np.uint8)  # whole int32 words
             padded[: pixels.size] = pixels
             parts += [np.asarray(counts, dtype="<i4"), padded.view("<i4")]
-            image_words = len(counts) + pixels.size
+            image_words = len(counts) + padded.size // 4
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:

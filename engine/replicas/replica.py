@@ -205,14 +205,22 @@ class _Connection:
 
     def _run(self, run: Run) -> None:
         self._replies_read(run.replies_read)
-        lengths, ids, types, prefix, spans, images = self._payload(run)
-        ends = list(itertools.accumulate(lengths))
-        token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
-        token_types = None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
-        deadline = None if run.time_left_s is None else time.perf_counter() + run.time_left_s
+        try:
+            lengths, ids, types, prefix, spans, images = self._payload(run)
+        except Exception as error:  # a fault of the link's: the gateway's request fails, not the replica
+            logger.exception("engine replica: a run's payload could not be read")
+            failure = EngineError(f"the engine replica could not read the run: {type(error).__name__}")
+            self.fail(run.id, failure)
+            return
         request = _Reply(run.num_seqs, self, run.id)
         self.running[run.id] = request
         try:
+            ends = list(itertools.accumulate(lengths))
+            token_ids = [ids[start:end] for start, end in zip([0, *ends], ends)]
+            token_types = (
+                None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
+            )
+            deadline = None if run.time_left_s is None else time.perf_counter() + run.time_left_s
             rows = RowRequest(prefix, spans, run.first_rows, run.columns, images)
             self.engine.submit(request, token_ids, token_types, deadline, rows)
         except (EngineError, ValueError) as error:
@@ -234,10 +242,11 @@ class _Connection:
         if run.spill is not None:
             data = read_spill(self.folder, run.spill).view(np.int32)
         else:
-            data = self.requests.array(
-                run.offset, "<i4", types_end + run.prefix_tokens + run.span_words + run.image_words
-            ).copy()
-            self.requests_read = max(self.requests_read, run.end)
+            try:
+                words = types_end + run.prefix_tokens + run.span_words + run.image_words
+                data = self.requests.array(run.offset, "<i4", words).copy()
+            finally:  # its space is free again, even where it could not be read
+                self.requests_read = max(self.requests_read, run.end)
         lengths = data[: run.num_seqs].tolist()
         ids = data[run.num_seqs : run.num_seqs + count]
         types = data[run.num_seqs + count : types_end] if run.has_types else None

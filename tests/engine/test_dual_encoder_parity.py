@@ -194,3 +194,38 @@ def test_through_two_replicas(tmp_path, patch_size):
         replica_set.stop()
     expected = np.concatenate([expected_images, expected_texts] * 3)
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_a_request_whose_pixels_fill_most_of_the_request_ring(tmp_path):
+    """40 images of 224 pixels in 16-pixel patches (6 MB of 8-bit pixels, most of the 8 MiB request ring)
+    through a replica process give the rows of the engine in process; a replica that reads them wrong
+    (past the ring) fails the request rather than its thread."""
+    from engine.checkpoint.source import ModelSource
+    from engine.replicas.link import REQUEST_RING_BYTES
+    from engine.replicas.replica_set import ReplicaSet
+
+    folder, _ = dual_encoder_checkpoint(tmp_path / "clip", "clip", image_size=224, patch_size=16)
+    spec = resolve_model(str(folder))
+    layout = spec.images
+    rng = np.random.default_rng(2)
+    shape = (layout.num_patches, 3 * layout.patch_size**2)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(40)]
+    assert sum(image.nbytes for image in images) > 0.7 * REQUEST_RING_BYTES
+    sequences = [[0] * layout.num_tokens] * len(images)
+    config = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=16384, max_queue_tokens=10**6)
+    engine = build_engine(spec, config)
+    try:
+        expected = asyncio.run(engine.run(sequences, rows=RowRequest(images=images)))
+    finally:
+        engine.stop()
+    replica_set = ReplicaSet(ModelSource(str(folder)), 1, config)
+    replica_set.start()
+    try:
+
+        async def run():
+            return (await replica_set.pool.enqueue(sequences, rows=RowRequest(images=images))).rows
+
+        got = asyncio.run(asyncio.wait_for(run(), 120))
+    finally:
+        replica_set.stop()
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
