@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from api.ray_serve import serve_on_ray
 
         return serve_on_ray(config, args.ray, args.ray_min_replicas, args.ray_max_replicas)
-    from api.layout import OMP_WAIT_POLICY, choose_layout, tokenizer_threads, usable_cores
+    from api.layout import OMP_WAIT_POLICY, choose_layout, image_threads, tokenizer_threads, usable_cores
     from api.tokenize import TOKENIZERS_PARALLELISM
 
     os.environ.setdefault(*OMP_WAIT_POLICY)  # before torch is first imported, here and in what starts here
@@ -364,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_workers=layout.api_workers,
         engine_process=layout.engine_process,
         tokenizer_threads=tokenizer_threads(cores, layout.api_workers),
+        image_threads=image_threads(cores),
     )
     where = "in its own process" if layout.engine_process else "in process"
     plural = "es" if layout.api_workers > 1 else ""

@@ -90,6 +90,8 @@ class ServerConfig:
     engine_process: bool = False
     # threads a gateway splits a large request's tokenization over (its share of the cores)
     tokenizer_threads: int = 2
+    # threads a gateway decodes a request's images on, for a model that takes images
+    image_threads: int = 2
     auto_truncate: bool = False
     # OpenAI token-id inputs are the served model's own ids only where this is set: the OpenAI ecosystem's
     # clients (LangChain's OpenAIEmbeddings by default) send tiktoken's, which would embed other text

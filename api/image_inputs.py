@@ -1,6 +1,6 @@
 """Inputs that are texts or images, as the embeddings routes take them (OpenAI's `input` parts and
 `messages` as vLLM takes them, Cohere v2's `images` and `inputs`): each one a vector. Texts are tokenized,
-images decoded and made into patches on the tokenizer threads; an image's sequence is a placeholder of the
+images decoded and made into patches on the model's image threads; an image's sequence is a placeholder of the
 tokens it takes, so that budgets and admission count it, and its patches ride along (RowRequest.images)."""
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ async def embed_items(
                 for offset, source in enumerate(part)
             ]
 
-        decoded = await guard.tokenized(decode_all(encoder.pool, work, [image.source for image in images]))
+        sources = [image.source for image in images]
+        decoded = await guard.tokenized(decode_all(model.image_pool, work, sources))
         pixels: list[np.ndarray | None] = [None] * len(items)
         placeholder = [0] * layout.num_tokens
         for index, patches in zip(positions, decoded):

@@ -26,6 +26,9 @@ CORES_PER_ENGINE = 2  # its batching thread, the thread that reads the gateways,
 CORES_PER_GATEWAY = 2  # its event loop, and room for the tokenizer and the clients beside it
 MAX_GATEWAYS = 8
 MAX_TOKENIZER_THREADS = 8  # past this, handing out the parts costs more than the parts save
+# an image model's gateways decode a request's images on as many threads as the host's cores, each: an
+# image takes milliseconds (a 640x480 PNG about 7 ms to decode and resize), and Pillow holds no GIL meanwhile
+MAX_IMAGE_THREADS = 32
 CGROUP = Path("/sys/fs/cgroup")
 # set for the server's processes before torch loads OpenMP (where the environment does not say): torch's
 # CPU threads sleep when they wait instead of spinning. Spinning, they held the cores a batch's other thread
@@ -45,6 +48,11 @@ class Layout:
 def tokenizer_threads(cores: float, api_workers: int) -> int:
     """The threads each gateway splits a large request's tokenization over."""
     return max(1, min(MAX_TOKENIZER_THREADS, max(int(cores // api_workers), int(cores // 4))))
+
+
+def image_threads(cores: float) -> int:
+    """The threads each gateway of an image model decodes a request's images on."""
+    return max(1, min(MAX_IMAGE_THREADS, int(cores)))
 
 
 def usable_cores(cgroup: Path = CGROUP) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from api.errors import ModelNotServed, TaskNotSupported
 from api.prompts import select_prompt
 from api.tokenize import TextEncoder
+from api.tokenizer_pool import TokenizerPool
 from engine.checkpoint.spec import ModelSpec
 from engine.interface import EngineInterface
 from engine.outputs import CLASSIFY, EMBED, RERANK, SPARSE_EMBED, TOKEN_EMBED, RowRequest
@@ -38,6 +39,9 @@ class ServedModel:
     engine: EngineInterface
     late_interaction: LateInteraction | None = None  # a ColBERT model's query and document layout
     listwise: ListwiseModel | None = None  # a listwise ranker's prompt (see listwise_model)
+    # the threads an image model's requests' images are decoded on (ServerConfig.image_threads), apart
+    # from the tokenizer's so that neither's queue or measured rate is the other's
+    image_pool: TokenizerPool | None = None
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel, listwise_model
 from api.summary import startup_summary
 from api.tokenize import TextEncoder
+from api.tokenizer_pool import TokenizerPool
 from engine.build import build_engine
 from engine.checkpoint.source import ModelSource
 from engine.checkpoint.spec import ModelSpec
@@ -122,6 +123,7 @@ class Server:
                 spec.text_padding,
             )
             late = LateInteraction(spec.colbert, encoder.single) if spec.colbert is not None else None
+            image_pool = TokenizerPool(self.config.image_threads) if spec.images is not None else None
             served.append(
                 ServedModel(
                     names=names,
@@ -130,6 +132,7 @@ class Server:
                     engine=engine,
                     late_interaction=late,
                     listwise=listwise_model(spec, encoder, engine),
+                    image_pool=image_pool,
                 )
             )
             logger.info(
@@ -151,6 +154,8 @@ class Server:
             for model in self._registry.models:
                 model.engine.stop()
                 model.encoder.close()
+                if model.image_pool is not None:
+                    model.image_pool.close()
         for replica_set in self._replica_sets:
             replica_set.stop()
 

@@ -42,6 +42,8 @@ def startup_summary(
             )
         )
         gateways = f"{config.api_workers} gateway process" + ("es" if config.api_workers > 1 else "")
+        if spec.images is not None:
+            gateways += f" (images decoded on {config.image_threads} threads each)"
         lines.append(
             f"    {engine_config.device} {engine_config.dtype}"
             + (

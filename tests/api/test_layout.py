@@ -6,7 +6,14 @@ import os
 
 import pytest
 
-from api.layout import MAX_GATEWAYS, choose_layout, tokenizer_threads, usable_cores
+from api.layout import (
+    MAX_GATEWAYS,
+    MAX_IMAGE_THREADS,
+    choose_layout,
+    image_threads,
+    tokenizer_threads,
+    usable_cores,
+)
 
 
 def test_cores_are_the_affinity_capped_by_a_cgroup_v2_quota(tmp_path):
@@ -65,3 +72,8 @@ def test_flags_win():
 )
 def test_a_large_tokenization_is_split_over_a_quarter_of_the_host_at_least(cores, gateways, threads):
     assert tokenizer_threads(cores, gateways) == threads
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(2, 2), (16, 16), (0.5, 1), (256, MAX_IMAGE_THREADS)])
+def test_each_gateway_decodes_a_requests_images_on_the_hosts_cores(cores, threads):
+    assert image_threads(cores) == threads
