@@ -66,7 +66,9 @@ async def _rerank(
     request: Request, data: RerankRequest, server: Server, options: RerankOptions, version: str
 ) -> EncodedJson:
     model = server.registry().get(data.model, RERANK)
-    check_query(data.query)
+    query = rerank_item(data.query, "query")
+    if isinstance(query, str):
+        check_query(query)
     check_documents(data.documents, server.config.max_documents)
     top_n = _positive(data.top_n, "top_n")
     items = [
@@ -77,17 +79,18 @@ async def _rerank(
         check_texts(
             [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
         )
-        scores = await dual_encoder_scores(model, data.query, items, guard, server)
+        scores = await dual_encoder_scores(model, query, items, guard, server)
     else:
-        images = [index for index, item in enumerate(items) if isinstance(item, ImageInput)]
+        images = [item for item in [query, *items] if isinstance(item, ImageInput)]
         if images:
+            where = images[0].param
             raise InvalidInput(
-                f"document {images[0]} is an image, and the model '{model.name}' ranks text only: images "
-                "need an image model (CLIP, SigLIP)",
-                "documents",
+                f"{where} is an image, and the model '{model.name}' ranks text only: images need an image "
+                "model (CLIP, SigLIP)",
+                where.split("[")[0],
             )
         check_texts(items, server.config.max_documents, "documents")  # type: ignore[arg-type]
-        scores = await score_texts(model, data.query, items, options, guard)  # type: ignore[arg-type]
+        scores = await score_texts(model, query, items, options, guard)  # type: ignore[arg-type]
     results = [
         RerankResult(
             index=index,
@@ -122,10 +125,10 @@ async def score_texts(
 
 
 async def dual_encoder_scores(
-    model: ServedModel, query: str, items: list[Item], guard: RequestGuard, server: Server
+    model: ServedModel, query: Item, items: list[Item], guard: RequestGuard, server: Server
 ) -> np.ndarray:
     """A dual encoder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
-    the window, or an image), as an embedding model's rerank scores."""
+    the window, or an image; the query too), as an embedding model's rerank scores."""
     vectors, _ = await embed_items(
         model, [query, *items], guard, server.config.images, model.encoder.window, True
     )
@@ -158,17 +161,34 @@ def check_documents(documents: Sequence[object], max_documents: int, param: str 
 
 
 def document_item(document: Document, rank_fields: list[str] | None, index: int) -> Item:
-    """A document's text (document_text), or its image: Jina's {"image": ...}, or one content part as
-    vLLM's multimodal rerank sends it ({"content": [part]}, or the part itself)."""
-    where = f"documents[{index}]"
+    """A document's text (document_text), or its image (image_item)."""
     if isinstance(document, dict) and rank_fields is None:
-        if isinstance(document.get("image"), str) and "text" not in document:
-            return ImageInput(document["image"], where)
-        if "content" in document and "text" not in document:
-            return single_part(document["content"], where)
-        if document.get("type") in ("image_url", "text"):
-            return content_item(document, where)
+        item = rerank_item(document, f"documents[{index}]")
+        if item is not None:
+            return item
     return document_text(document, rank_fields, index)
+
+
+def rerank_item(value: Any, where: str) -> Item | None:
+    """A query or document object that is an image, or one content part, as multimodal rerank APIs send
+    them: Jina's {"image": ...}, vLLM's {"content": [part]} or the part itself; a string is a text; None:
+    an object of neither kind (a v1 document's fields). For the query, anything else is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        if isinstance(value.get("image"), str) and "text" not in value:
+            return ImageInput(value["image"], where)
+        if "content" in value and "text" not in value:
+            return single_part(value["content"], where)
+        if value.get("type") in ("image_url", "text"):
+            return content_item(value, where)
+    if where == "query":
+        raise InvalidInput(
+            'query must be a string, or an image as {"image": "data:image/png;base64,..."} or '
+            '{"content": [{"type": "image_url", "image_url": {"url": ...}}]}',
+            "query",
+        )
+    return None
 
 
 def document_text(document: Document, rank_fields: list[str] | None, index: int) -> str:

@@ -13,7 +13,12 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     """Both Cohere versions: v1 adds max_chunks_per_doc, v2 adds max_tokens_per_doc."""
 
     query: Annotated[
-        str, msgspec.Meta(description="the search query (not empty)", examples=["what do cats eat?"])
+        str | dict[str, Any],
+        msgspec.Meta(
+            description="the search query (not empty); for an image model also an image, as Jina's "
+            '{"image": ...} or vLLM\'s {"content": [part]}',
+            examples=["what do cats eat?"],
+        ),
     ]
     documents: Annotated[
         list[Document],

@@ -247,7 +247,30 @@ def test_rerank_of_image_documents(served):
     assert response.status_code == 400 and "documents[1]" in response.json()["message"], response.text
 
 
+def test_rerank_of_an_image_query(served):
+    """An image as the query ({"image": ...} or {"content": [part]}) against texts and images: (1 +
+    cosine) / 2 of its vector and each document's; a query object of neither shape is a 400."""
+    client, name, texts, images = served
+    documents = [TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]]
+    expected = (1 + np.stack([texts[0], images[1], texts[1]]) @ images[0]) / 2
+    queries = [
+        {"image": data_uri(IMAGES[0])},
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}]},
+    ]
+    for query in queries:
+        response = client.post("/v2/rerank", json={"model": name, "query": query, "documents": documents})
+        assert response.status_code == 200, response.text
+        got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
+        np.testing.assert_allclose([got[index] for index in range(3)], expected, atol=TOLERANCE, rtol=0)
+    for query, needle in (({"url": "x"}, "query must be a string"), ({"image": "nope"}, "query: ")):
+        response = client.post("/v2/rerank", json={"model": name, "query": query, "documents": documents})
+        assert response.status_code == 400 and needle in response.json()["message"], response.text
+
+
 def test_a_text_ranker_refuses_image_documents(client):
     documents = ["a", {"image": data_uri(IMAGES[0])}]
     response = client.post("/v2/rerank", json={"query": "q", "documents": documents})
-    assert response.status_code == 400 and "document 1 is an image" in response.json()["message"]
+    assert response.status_code == 400 and "documents[1] is an image" in response.json()["message"]
+    response = client.post("/v2/rerank", json={"query": {"image": data_uri(IMAGES[0])}, "documents": ["a"]})
+    assert response.status_code == 400 and "query is an image" in response.json()["message"]
+    assert response.json()["message"].count("ranks text only") == 1
