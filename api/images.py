@@ -163,15 +163,15 @@ def center_crop(array: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
-    """[C, H, W] -> [num_patches, C * patch * patch], patches row by row, each channel, row, column
-    flattened (the order of the patch convolution's weight)."""
+    """[C, H, W] -> [H / patch, W / patch, C * patch * patch]: the grid of patches, row by row, each
+    channel, row, column flattened (the order of the patch convolution's weight)."""
     channels, height, width = values.shape
     rows, columns = height // patch_size, width // patch_size
     grid = values.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
-    return np.ascontiguousarray(grid.reshape(rows * columns, channels * patch_size * patch_size))
+    return np.ascontiguousarray(grid.reshape(rows, columns, channels * patch_size * patch_size))
 
 
 def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, where: str) -> np.ndarray:
-    """A request's image string -> the patches the model takes, uint8 [num_patches, patch_dim]."""
+    """A request's image string -> the patches the model takes, uint8 [grid rows, grid columns, patch_dim]."""
     image = decode(image_bytes(source, limits, where), limits, where)
     return patches(pixels(image, layout), layout.patch_size)

@@ -50,7 +50,8 @@ def main(argv: list[str]) -> None:
         layout = resolve_model(str(checkpoint_folder)).images
         generator = torch.Generator().manual_seed(0)
         patch_dim = 3 * layout.patch_size**2
-        patch = torch.randint(0, 256, (layout.num_patches, patch_dim), generator=generator, dtype=torch.uint8)
+        side = layout.image_size // layout.patch_size
+        patch = torch.randint(0, 256, (side, side, patch_dim), generator=generator, dtype=torch.uint8)
         counts = {"32img": 32, "full": GPU_MAX_BATCH_TOKENS // layout.num_tokens}
         cases = {name: [[0] * layout.num_tokens] * count for name, count in counts.items()}
         images = {name: [patch.numpy()] * count for name, count in counts.items()}

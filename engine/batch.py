@@ -30,7 +30,7 @@ class ImageBatch:
     text_tokens: torch.Tensor  # likewise of the texts (empty where none)
     text_seqs: torch.Tensor
     text_cu_seqlens: torch.Tensor  # host
-    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] uint8
+    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] uint8 (its grid, flat)
     rows: Sequence[int] = ()  # host: the row (among the images' tokens) of each image's first patch
 
     @classmethod
@@ -241,7 +241,7 @@ def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> 
     image_seqs, text_seqs = np.flatnonzero(is_image), np.flatnonzero(~is_image)
     image_tokens, image_cu = tokens_of(image_seqs)
     text_tokens, text_cu = tokens_of(text_seqs)
-    patches = [images[i] for i in image_seqs]
+    patches = [images[i].reshape(-1, images[i].shape[-1]) for i in image_seqs]
     counts = np.fromiter((len(pixels) for pixels in patches), dtype=np.int64, count=len(patches))
     leading = lengths[image_seqs] - counts  # the model's own token before an image's patches
     if not ((leading == 0) | (leading == 1)).all() or (counts == 0).any():
@@ -308,8 +308,8 @@ def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -
 
 
 def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
-    """Images go to a head that takes them, one entry a sequence, each of 2-D uint8 pixels with a token for
-    each of its patches."""
+    """Images go to a head that takes them, one entry a sequence, each a grid of uint8 patches with a token
+    for each patch."""
     if not output.takes_images:
         raise ValueError("this model takes no images")
     if rows.prefix is not None or rows.spans is not None:
@@ -317,8 +317,12 @@ def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -
     if len(rows.images) != len(lengths):
         raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
     for image, length in zip(rows.images, lengths):
-        if image is not None and (image.ndim != 2 or image.dtype != np.uint8 or not 0 < len(image) <= length):
-            raise ValueError("an image is uint8 pixels [patches, patch size], with a token for each patch")
+        if image is not None and (
+            image.ndim != 3 or image.dtype != np.uint8 or not 0 < image.shape[0] * image.shape[1] <= length
+        ):
+            raise ValueError(
+                "an image is a grid of uint8 patches [rows, columns, patch size], with a token for each patch"
+            )
 
 
 def num_spans(boundaries: Sequence[int] | None) -> int:

@@ -68,8 +68,8 @@ class RowRequest:
     spans: Sequence[Sequence[int] | None] | None = None
     first_rows: bool = False  # a token head's first row of each sequence only
     columns: tuple[int, int] | None = None  # of each row, the columns [start, stop) only
-    # per sequence, the pixels of the image it is ([num_patches, patch_dim] uint8; its token ids are
-    # placeholders, one a token the image takes), None for a text; None: all texts
+    # per sequence, the pixels of the image it is or holds ([grid rows, grid columns, patch_dim] uint8; its
+    # token ids hold a placeholder for each token the image takes), None for a text; None: all texts
     images: Sequence[np.ndarray | None] | None = None
 
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,13 +27,36 @@ def rope_theta(hf_config: Any, layer_type: str | None = None) -> float:
     return float(theta or getattr(hf_config, "rope_theta", None) or 10000.0)
 
 
+def inverse_frequencies(dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """[dim // 2] float32: the rotary frequencies of `dim` rotated dimensions."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (theta**exponents)
+
+
 def rotary_tables(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # [num_tokens] positions -> cos, sin: [num_tokens, head_dim] in `dtype`, angles computed in float32
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inverse_frequencies = 1.0 / (theta**exponents)
-    angles = positions.float()[:, None] * inverse_frequencies[None, :]
+    angles = positions.float()[:, None] * inverse_frequencies(head_dim, theta, positions.device)[None, :]
+    return tables(angles, dtype)
+
+
+def stream_rotary_tables(
+    positions: torch.Tensor, frequencies: torch.Tensor, sections: Sequence[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables of several position streams ([num_streams, num_tokens]: Qwen2-VL's M-RoPE of a
+    temporal, a height and a width position; its vision tower's height and width): frequency j of
+    `frequencies` ([head_dim // 2] float32) turns by the position of the stream whose section holds it
+    (`sections`, in order, summing to head_dim // 2). Where the streams agree (a text's tokens), these
+    are rotary_tables'."""
+    streams = torch.arange(len(sections), device=positions.device)
+    stream = streams.repeat_interleave(torch.tensor(sections, device=positions.device))
+    angles = positions.float()[stream].T * frequencies[None, :]
+    return tables(angles, dtype)
+
+
+def tables(angles: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # [num_tokens, head_dim // 2] float32 angles -> cos, sin: [num_tokens, head_dim] in `dtype`
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

@@ -16,6 +16,7 @@ from engine.attention import AttentionBackend, AttentionMetadata, varlen_attenti
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
+from engine.layers.patch_embedding import PatchEmbedding
 from engine.layers.pooling import cls_rows, last_rows
 from engine.models.backbone import AttentionShape, Backbone
 
@@ -185,37 +186,6 @@ def activation(name: str) -> nn.Module:
     return QuickGELU() if name == "quick_gelu" else get_activation(name)
 
 
-class PatchEmbedding(nn.Module):
-    """The patch convolution (stride = kernel = patch) as the projection of each patch's pixels, flattened
-    channel, row, column as the host lays them out (api/images.py), 8-bit: first rescaled and normalized
-    per channel in float32 (`affine`, the processor's: ImageLayout.affine); the weight keeps the
-    checkpoint's [hidden, channels, patch, patch] shape."""
-
-    def __init__(self, config: DualEncoderConfig, affine: tuple[Sequence[float], Sequence[float]]):
-        super().__init__()
-        size = config.patch_size
-        self.weight = nn.Parameter(torch.empty(config.vision.hidden_size, config.num_channels, size, size))
-        self.bias = (
-            nn.Parameter(torch.empty(config.vision.hidden_size)) if config.variant.patch_bias else None
-        )
-        self.affine = affine
-        # [patch_dim] float32 each: a pixel's scale and shift by its channel (filled by `reset_affine`)
-        self.register_buffer("scale", torch.empty(config.num_channels * size * size), persistent=False)
-        self.register_buffer("shift", torch.empty(config.num_channels * size * size), persistent=False)
-
-    def reset_affine(self) -> None:
-        """The scale and shift, float32 on the weight's device (after the model is on it and in its dtype)."""
-        per_channel = self.weight.shape[2] * self.weight.shape[3]
-        for name, values in zip(("scale", "shift"), self.affine):
-            column = torch.tensor(values, dtype=torch.float32).repeat_interleave(per_channel)
-            setattr(self, name, column.to(self.weight.device))
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        # [num_patches, channels * patch * patch] uint8 -> [num_patches, hidden]
-        values = torch.addcmul(self.shift, pixels.float(), self.scale)
-        return F.linear(values.to(self.weight.dtype), self.weight.flatten(1), self.bias)
-
-
 class AttentionPool(nn.Module):
     """SigLIP's MAP head over packed images: a learned probe attends over each image's tokens (a softmax
     per image and head), then out-projection, LayerNorm and an MLP added to it."""
@@ -275,7 +245,9 @@ class DualEncoderBackbone(Backbone):
         )
         self.text_norm = nn.LayerNorm(text.hidden_size, eps=text.layer_norm_eps)
         self.text_head = nn.Linear(text.hidden_size, config.projection_dim, bias=variant.text_head_bias)
-        self.patch_embedding = PatchEmbedding(config, affine)
+        self.patch_embedding = PatchEmbedding(
+            vision.hidden_size, config.num_channels, config.patch_size, variant.patch_bias, affine
+        )
         self.class_embedding = nn.Parameter(torch.empty(vision.hidden_size)) if variant.class_token else None
         self.image_positions = nn.Embedding(vision.num_positions, vision.hidden_size)
         self.pre_norm = (

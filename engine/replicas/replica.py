@@ -263,11 +263,15 @@ class _Connection:
         images = None
         if run.image_words:
             start = types_end + run.prefix_tokens + run.span_words
-            counts = data[start : start + run.num_seqs].tolist()
+            grids = data[start : start + 2 * run.num_seqs].reshape(-1, 2).tolist()
+            counts = [rows * columns if rows >= 0 else -1 for rows, columns in grids]
             ends = list(itertools.accumulate(max(count, 0) for count in counts))
-            pixels = data[start + run.num_seqs : start + run.image_words].view(np.uint8)
+            pixels = data[start + 2 * run.num_seqs : start + run.image_words].view(np.uint8)
             pixels = pixels[: ends[-1] * run.patch_dim].reshape(-1, run.patch_dim) if run.patch_dim else None
-            images = [None if count < 0 else pixels[end - count : end] for count, end in zip(counts, ends)]
+            images = [
+                None if count < 0 else pixels[end - count : end].reshape(*grid, -1)
+                for count, end, grid in zip(counts, ends, grids)
+            ]
         return lengths, ids, types, prefix, spans, images
 
     def _replies_read(self, position: int) -> None:

@@ -71,7 +71,7 @@ def test_a_batch_of_images_alone_has_a_key_of_its_patch_size():
     config = EngineConfig(device="cuda", max_batch_tokens=4096)
     graphs = GraphCache.__new__(GraphCache)  # key() needs no device
     graphs.config, graphs.largest_seqlen_bucket = config, 128
-    image = np.ones((49, 48), dtype=np.uint8)
+    image = np.ones((7, 7, 48), dtype=np.uint8)
     images = pack([[0] * 50] * 3, images=[image] * 3)
     key = graphs.key(images)
     assert key == (192, 4, 64, 0, 48) and stage(images, key).shape[0] > 0

@@ -156,7 +156,7 @@ def test_a_text_model_refuses_images(minilm_path):
     try:
 
         async def run():
-            rows = RowRequest(images=[np.zeros((4, 12), dtype=np.uint8)])
+            rows = RowRequest(images=[np.zeros((2, 2, 12), dtype=np.uint8)])
             return await engine.run([[0] * 4], rows=rows)
 
         with pytest.raises(ValueError, match="takes no images"):
@@ -208,7 +208,8 @@ def test_a_request_whose_pixels_fill_most_of_the_request_ring(tmp_path):
     spec = resolve_model(str(folder))
     layout = spec.images
     rng = np.random.default_rng(2)
-    shape = (layout.num_patches, 3 * layout.patch_size**2)
+    side = layout.image_size // layout.patch_size
+    shape = (side, side, 3 * layout.patch_size**2)
     images = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(40)]
     assert sum(image.nbytes for image in images) > 0.7 * REQUEST_RING_BYTES
     sequences = [[0] * layout.num_tokens] * len(images)

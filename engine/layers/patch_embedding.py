@@ -1,0 +1,48 @@
+"""A vision tower's patch convolution (stride = kernel = patch) as the projection of each patch's pixels,
+flattened channel, row, column as the host lays them out (api/images.py), 8-bit: first rescaled and
+normalized per channel in float32 (`affine`, the processor's: ImageLayout.affine). The weight keeps the
+checkpoint's [hidden, channels, (frames,) patch, patch] shape; with frames (Qwen2-VL's temporal patches,
+an image repeated over them) the host sends one frame, and the projection sums the weight over frames."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbedding(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        channels: int,
+        patch_size: int,
+        bias: bool,
+        affine: tuple[Sequence[float], Sequence[float]],
+        frames: int = 1,
+    ):
+        super().__init__()
+        size = (patch_size, patch_size)
+        shape = (channels, frames, *size) if frames > 1 else (channels, *size)
+        self.weight = nn.Parameter(torch.empty(hidden_size, *shape))
+        self.bias = nn.Parameter(torch.empty(hidden_size)) if bias else None
+        self.affine = affine
+        # [patch_dim] float32 each: a pixel's scale and shift by its channel (filled by `reset_affine`)
+        patch_dim = channels * patch_size * patch_size
+        self.register_buffer("scale", torch.empty(patch_dim), persistent=False)
+        self.register_buffer("shift", torch.empty(patch_dim), persistent=False)
+
+    def reset_affine(self) -> None:
+        """The scale and shift, float32 on the weight's device (after the model is on it and in its dtype)."""
+        per_channel = self.weight.shape[-1] * self.weight.shape[-2]
+        for name, values in zip(("scale", "shift"), self.affine):
+            column = torch.tensor(values, dtype=torch.float32).repeat_interleave(per_channel)
+            setattr(self, name, column.to(self.weight.device))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        # [num_patches, channels * patch * patch] uint8 -> [num_patches, hidden]
+        values = torch.addcmul(self.shift, pixels.float(), self.scale)
+        weight = self.weight if self.weight.dim() == 4 else self.weight.float().sum(2).to(self.weight.dtype)
+        return F.linear(values.to(self.weight.dtype), weight.flatten(1), self.bias)
