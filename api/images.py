@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,7 @@ from engine.checkpoint.images import ImageLayout
 
 # what Pillow decodes for posy; anything else (a PDF, an SVG, a PSD, ...) is refused by name
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+MAX_ASPECT = 200  # Qwen2-VL's processors refuse an image longer than this many times its width
 MAX_IMAGE_PIXELS = 40_000_000  # width x height of a decoded image (a 100-megapixel photo is refused)
 
 
@@ -119,7 +121,9 @@ def decode(data: bytes, limits: ImageLimits, where: str):
 def pixels(image, layout: ImageLayout) -> np.ndarray:
     """[channels, height, width] uint8 of an RGB PIL image, resized and cropped as the model's processor
     does; its rescale and normalization are the model's (`normalized` on the host)."""
-    if layout.resize_to is not None:
+    if layout.pixel_range is not None:
+        size = dynamic_size(image.height, image.width, layout.patch_size * layout.merge, *layout.pixel_range)
+    elif layout.resize_to is not None:
         size = layout.resize_to
     elif layout.shortest_edge is not None:
         size = shortest_edge_size(image.height, image.width, layout.shortest_edge)
@@ -138,6 +142,25 @@ def normalized(values: np.ndarray, layout: ImageLayout) -> np.ndarray:
     normalized), as the model computes them on the device: what transformers takes as pixel_values."""
     scale, shift = (np.asarray(part, dtype=np.float32)[:, None, None] for part in layout.affine)
     return values.astype(np.float32) * scale + shift
+
+
+def dynamic_size(height: int, width: int, factor: int, low: int, high: int) -> tuple[int, int]:
+    """Qwen2-VL's resize (its processors' smart_resize): each side rounded to a multiple of `factor`, then
+    both scaled, the aspect kept, into `low` to `high` pixels (down rounding down, up rounding up)."""
+    if max(height, width) > MAX_ASPECT * min(height, width):
+        raise ValueError(
+            f"an image of {width}x{height} pixels: one side is more than {MAX_ASPECT} times the other"
+        )
+    rows, columns = round(height / factor) * factor, round(width / factor) * factor
+    if rows * columns > high:
+        scale = math.sqrt(height * width / high)
+        rows = max(factor, math.floor(height / scale / factor) * factor)
+        columns = max(factor, math.floor(width / scale / factor) * factor)
+    elif rows * columns < low:
+        scale = math.sqrt(low / (height * width))
+        rows = math.ceil(height * scale / factor) * factor
+        columns = math.ceil(width * scale / factor) * factor
+    return rows, columns
 
 
 def shortest_edge_size(height: int, width: int, edge: int) -> tuple[int, int]:
@@ -174,4 +197,8 @@ def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
 def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, where: str) -> np.ndarray:
     """A request's image string -> the patches the model takes, uint8 [grid rows, grid columns, patch_dim]."""
     image = decode(image_bytes(source, limits, where), limits, where)
-    return patches(pixels(image, layout), layout.patch_size)
+    try:
+        values = pixels(image, layout)
+    except ValueError as error:  # a shape the model's resize refuses
+        raise InvalidImage(str(error), where) from None
+    return patches(values, layout.patch_size)

@@ -112,3 +112,53 @@ def dual_encoder_checkpoint(
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     return folder, model
+
+
+QWEN2_VL_SPECIALS = ("<|endoftext|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+TINY_QWEN2_VL_TEXT = {
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512,
+}  # fmt: skip
+# head_dim 16 (64 / 4 heads): its 8 rotary frequencies turn by the temporal, height and width positions
+TINY_MROPE_SECTION = [2, 3, 3]
+TINY_QWEN2_VL_VISION = {"depth": 2, "embed_dim": 32, "num_heads": 4, "mlp_ratio": 2}
+
+
+def qwen2_vl_checkpoint(
+    folder: Path,
+    text=TINY_QWEN2_VL_TEXT,
+    vision=TINY_QWEN2_VL_VISION,
+    mrope_section=TINY_MROPE_SECTION,
+    pixel_range: tuple[int, int] = (28 * 28 * 4, 28 * 28 * 16),
+    seed: int = 0,
+    std: float = NOISE_STD,
+):
+    """A random Qwen2-VL (Qwen2VLForConditionalGeneration, as gme-Qwen2-VL ships) in `folder`, with a
+    tokenizer holding its vision tokens and a processor config of `pixel_range` -> (folder, the model)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A <|endoftext|>")
+    ids = {token: tokenizer.token_to_id(token) for token in QWEN2_VL_SPECIALS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)}
+    config = Qwen2VLConfig(
+        text_config={**text, "vocab_size": tokenizer.get_vocab_size(), "rope_parameters": rope},
+        vision_config={**vision, "hidden_size": text["hidden_size"], "patch_size": 14},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    config.architectures = ["Qwen2VLForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = randomized(Qwen2VLForConditionalGeneration(config), seed, std)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    processor = {
+        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": pixel_range[0],
+        "max_pixels": pixel_range[1], "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "do_resize": True, "resample": 3, "do_convert_rgb": True,
+    }  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder, model

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.inline_images import InlineImages, check_image_run, inline_images
 from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
 
 
@@ -102,7 +103,9 @@ class PackedBatch:
     # host [num_rows] int64: the token rows a token head gives, in order, where some sequence gives its
     # first row only (pack's `first_rows`); None: every token's. Taken after the forward (or the graph)
     kept_rows: torch.Tensor | None = None
-    images: ImageBatch | None = None  # the sequences that are images (a dual encoder's); None: all texts
+    # the sequences that are images (a dual encoder's), or the images inside them (a vision-language
+    # model's); None: all texts
+    images: ImageBatch | InlineImages | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -217,8 +220,20 @@ def pack(
         row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
         scored_against=scored_against,
         kept_rows=kept_rows,
-        images=None if images is None else image_batch(cu_seqlens, images),
+        images=None if images is None else batch_images(cu_seqlens, flat_ids, images, output),
     )
+
+
+def batch_images(
+    cu_seqlens: np.ndarray,
+    flat_ids: np.ndarray,
+    images: Sequence[np.ndarray | None],
+    output: HeadOutput | None,
+) -> ImageBatch | InlineImages | None:
+    """pack's images: sequences of their own (ImageBatch), or inside texts where the head says so."""
+    if output is not None and output.image_run is not None:
+        return inline_images(cu_seqlens, flat_ids, images, *output.image_run)
+    return image_batch(cu_seqlens, images)
 
 
 def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> ImageBatch | None:
@@ -307,22 +322,25 @@ def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -
             raise ValueError("span boundaries must increase inside their sequence")
 
 
-def check_images(output: HeadOutput, rows: RowRequest, lengths: Sequence[int]) -> None:
-    """Images go to a head that takes them, one entry a sequence, each a grid of uint8 patches with a token
-    for each patch."""
+def check_images(output: HeadOutput, rows: RowRequest, token_ids: Sequence[Sequence[int]]) -> None:
+    """Images go to a head that takes them, one entry a sequence, each a grid of uint8 patches: a sequence
+    of its own with a token for each patch, or inside its sequence at a run of placeholders
+    (HeadOutput.image_run) as long as its merged patches."""
     if not output.takes_images:
         raise ValueError("this model takes no images")
     if rows.prefix is not None or rows.spans is not None:
         raise ValueError("images come without a shared prefix or spans")
-    if len(rows.images) != len(lengths):
-        raise ValueError(f"{len(rows.images)} image entries for {len(lengths)} sequences")
-    for image, length in zip(rows.images, lengths):
-        if image is not None and (
-            image.ndim != 3 or image.dtype != np.uint8 or not 0 < image.shape[0] * image.shape[1] <= length
-        ):
-            raise ValueError(
-                "an image is a grid of uint8 patches [rows, columns, patch size], with a token for each patch"
-            )
+    if len(rows.images) != len(token_ids):
+        raise ValueError(f"{len(rows.images)} image entries for {len(token_ids)} sequences")
+    for image, ids in zip(rows.images, token_ids):
+        if image is None:
+            continue
+        if image.ndim != 3 or image.dtype != np.uint8 or image.shape[0] * image.shape[1] == 0:
+            raise ValueError("an image is a grid of uint8 patches [rows, columns, patch size]")
+        if output.image_run is not None:
+            check_image_run(ids, image, *output.image_run)
+        elif image.shape[0] * image.shape[1] > len(ids):
+            raise ValueError("an image's sequence has a token for each of its patches")
 
 
 def num_spans(boundaries: Sequence[int] | None) -> int:

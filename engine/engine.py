@@ -198,6 +198,8 @@ class Engine(EngineInterface):
         if not lengths or min(lengths) == 0:
             raise ValueError("the engine needs at least one sequence and no empty sequence")
         check_rows(self.output, rows, lengths, self.runs_prefixes, token_type_ids is not None)
+        if rows.images is not None:
+            check_images(self.output, rows, token_ids)
         longest = max(lengths) + (0 if rows.prefix is None else len(rows.prefix))
         if longest > self.config.max_batch_tokens:
             raise SequenceTooLong(
@@ -359,7 +361,5 @@ def check_rows(
         if not output.pools_spans or rows.prefix is not None:
             raise ValueError("pooled spans need an embedder that mean-pools, and no shared prefix")
         check_spans(rows.spans, lengths)
-    if rows.images is not None:
-        check_images(output, rows, lengths)
     if rows.columns is not None and not 0 <= rows.columns[0] < rows.columns[1] <= output.width:
         raise ValueError(f"columns {rows.columns} are not inside a row of {output.width}")

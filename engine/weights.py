@@ -65,8 +65,11 @@ def load_model(
     started = time.perf_counter()
     tensors = {**read_checkpoint(spec.path), **spec.head.extra_tensors(spec)}
     load_weights(model, tensors)
-    if hasattr(model, "after_load"):  # a head's own layout of what it read (engine/models/sparse.py)
-        model.after_load()
+    for part in (getattr(model, "backbone", None), model):
+        # what a backbone or head derives from what it read (a vision tower's pixel normalization, a
+        # vocabulary padded for aligned GEMMs)
+        if hasattr(part, "after_load"):
+            part.after_load()
     size_gb = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values()) / 1e9
     logger.info(
         "%s: loaded %d checkpoint tensors (%.2f GB) onto %s in %.1f s",

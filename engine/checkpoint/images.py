@@ -1,6 +1,8 @@
 """ImageLayout: how a model takes an image, read from its folder (preprocessor_config.json and the vision
 config): the resize, crop, rescale and normalization its processor applies, and the patches and tokens
-the result becomes. The gateway applies it (api/images.py); the engine counts its tokens."""
+the result becomes: a fixed square (CLIP, SigLIP), or any size within a pixel range, rounded to whole
+merged patches (Qwen2-VL's dynamic resolution). The gateway applies it (api/images.py); the engine counts
+its tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from engine.errors import UnsupportedModel
 
 # PIL's resampling filters by the numbers processor configs give them
 CHANNELS = 3  # images are made RGB
+# OpenAI CLIP's normalization, Qwen2-VL's processors' default
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESAMPLING = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
@@ -27,9 +32,13 @@ class ImageLayout:
     rescale: float | None  # pixel values times this (1 / 255), None: kept
     mean: tuple[float, ...] | None  # then (x - mean) / std per channel, None: not normalized
     std: tuple[float, ...] | None
-    image_size: int  # the square the model's position table covers
+    image_size: int | None  # the square the model's position table covers; None: any size (pixel_range)
     patch_size: int
     leading_tokens: int  # the model's own tokens before an image's patches (a class token)
+    # Qwen2-VL's (min_pixels, max_pixels): resized, the aspect kept, to whole merge x merge groups of
+    # patches within that many pixels (smart_resize); None: a fixed image_size
+    pixel_range: tuple[int, int] | None = None
+    merge: int = 1  # merge x merge patches make one token
 
     @property
     def affine(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -43,12 +52,17 @@ class ImageLayout:
 
     @property
     def num_patches(self) -> int:
+        """A fixed-size image's patches."""
         return (self.image_size // self.patch_size) ** 2
 
     @property
     def num_tokens(self) -> int:
-        """The tokens an image takes in a batch."""
+        """The tokens a fixed-size image takes in a batch."""
         return self.leading_tokens + self.num_patches
+
+    def tokens_of(self, grid: tuple[int, int]) -> int:
+        """The tokens an image of this grid of patches (rows, columns) takes."""
+        return self.leading_tokens + grid[0] * grid[1] // self.merge**2
 
 
 def read_image_layout(name: str, folder: Path, vision_config: Any, leading_tokens: int) -> ImageLayout:
@@ -95,4 +109,41 @@ def read_image_layout(name: str, folder: Path, vision_config: Any, leading_token
         image_size=image_size,
         patch_size=vision_config.patch_size,
         leading_tokens=leading_tokens,
+    )
+
+
+def read_dynamic_image_layout(name: str, folder: Path, vision_config: Any) -> ImageLayout:
+    """The layout of a model whose vision tower takes images of any size (Qwen2-VL): its processor's pixel
+    range (min_pixels, max_pixels, or size's shortest_edge and longest_edge, both in pixels), merged
+    patches, rescale and normalization."""
+    processor = read_json(folder / "preprocessor_config.json")
+    if processor is None:
+        raise UnsupportedModel(f"model {name!r}: an image model without preprocessor_config.json")
+    size = processor.get("size") or {}
+    low = processor.get("min_pixels") or size.get("shortest_edge") or 56 * 56
+    high = processor.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
+    patch_size = processor.get("patch_size", vision_config.patch_size)
+    merge = processor.get("merge_size", vision_config.spatial_merge_size)
+    if (patch_size, merge) != (vision_config.patch_size, vision_config.spatial_merge_size):
+        raise UnsupportedModel(
+            f"model {name!r}: its processor makes patches of {patch_size} merged by {merge}, its vision "
+            f"tower takes {vision_config.patch_size} merged by {vision_config.spatial_merge_size}"
+        )
+    resample = processor.get("resample", 3)
+    if resample not in RESAMPLING:
+        raise UnsupportedModel(f"model {name!r}: unknown resampling filter {resample}")
+    normalize = processor.get("do_normalize", True)
+    return ImageLayout(
+        shortest_edge=None,
+        resize_to=None,
+        resample=resample,
+        crop=None,
+        rescale=processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else None,
+        mean=tuple(processor.get("image_mean", CLIP_MEAN)) if normalize else None,
+        std=tuple(processor.get("image_std", CLIP_STD)) if normalize else None,
+        image_size=None,
+        patch_size=patch_size,
+        leading_tokens=0,
+        pixel_range=(int(low), int(high)),
+        merge=merge,
     )

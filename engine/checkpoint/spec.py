@@ -12,7 +12,7 @@ from engine.checkpoint.colbert import ColbertConfig
 from engine.checkpoint.cross_encoder import LogitScore
 from engine.checkpoint.files import model_card, model_card_says_matryoshka, read_json
 from engine.checkpoint.folder import REMOTE_CODE, Checkpoint, read_folder
-from engine.checkpoint.images import ImageLayout, read_image_layout
+from engine.checkpoint.images import ImageLayout, read_dynamic_image_layout, read_image_layout
 from engine.checkpoint.listwise import ListwiseConfig
 from engine.checkpoint.splade import SpladeConfig
 from engine.errors import UnsupportedModel
@@ -23,6 +23,7 @@ from engine.models.head_spec import HeadSpec
 from engine.models.heads import JudgeSpec
 from engine.models.late_interaction import ColbertSpec
 from engine.models.listwise import ListwiseSpec
+from engine.models.qwen2_vl import VisionLanguageConfig
 from engine.models.registry import (
     MODEL_TYPES,
     ModelEntry,
@@ -180,7 +181,11 @@ def text_padding(checkpoint: Checkpoint, family_config: Any) -> tuple[int, int] 
 
 
 def image_layout(checkpoint: Checkpoint, family_config: Any) -> ImageLayout | None:
-    """How a model with a vision tower (a dual encoder) takes an image; None for a text model."""
+    """How a model with a vision tower (a dual encoder, a vision-language model) takes an image; None for
+    a text model."""
+    if isinstance(family_config, VisionLanguageConfig):
+        vision = checkpoint.hf_config.vision_config
+        return read_dynamic_image_layout(checkpoint.name, checkpoint.transformer_dir, vision)
     if not isinstance(family_config, DualEncoderConfig):
         return None
     leading = int(family_config.variant.class_token)

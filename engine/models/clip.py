@@ -18,6 +18,7 @@ from engine.errors import UnsupportedModel
 from engine.layers.activations import get_activation
 from engine.layers.patch_embedding import PatchEmbedding
 from engine.layers.pooling import cls_rows, last_rows
+from engine.layers.rotary import apply_rotary
 from engine.models.backbone import AttentionShape, Backbone
 
 if TYPE_CHECKING:
@@ -149,7 +150,8 @@ class DualEncoderConfig:
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm block: fused-QKV self-attention, then an MLP, each added to the residual."""
+    """Pre-norm block: fused-QKV self-attention (queries and keys rotated in float32 where a rotary table
+    is given: Qwen2-VL's vision tower), then an MLP, each added to the residual."""
 
     def __init__(self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool):
         super().__init__()
@@ -165,11 +167,18 @@ class EncoderLayer(nn.Module):
         self.activation = activation(config.hidden_act)
         self.down = nn.Linear(config.intermediate_size, hidden_size)
 
-    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        # [num_tokens, hidden] -> [num_tokens, hidden]
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        # [num_tokens, hidden] -> [num_tokens, hidden]; rotary: float32 cos, sin [num_tokens, head_dim]
         num_tokens = hidden.shape[0]
         qkv = self.qkv(self.norm1(hidden)).view(num_tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)
+        if rotary is not None:
+            q, k = (apply_rotary(x.float(), *rotary).to(x.dtype) for x in (q, k))
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
         hidden = hidden + self.attention_out(attention.reshape(num_tokens, -1))
         return hidden + self.down(self.activation(self.up(self.norm2(hidden))))
@@ -269,6 +278,9 @@ class DualEncoderBackbone(Backbone):
         cls, hf_config: Any, architecture: str, variant: DualEncoderVariant, causal: bool
     ) -> DualEncoderConfig:
         return DualEncoderConfig.from_hf(hf_config, variant)
+
+    def after_load(self) -> None:
+        self.patch_embedding.reset_affine()
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DualEncoderBackbone:

@@ -363,6 +363,16 @@ class DecoderBackbone(Backbone):
             kind: rotary_tables(batch.positions, self.config.head_dim, theta, hidden.dtype)
             for kind, theta in self.config.rope_thetas.items()
         }
+        return self.run_layers(hidden, rotary, meta, rows)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        rotary: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # token embeddings [num_tokens, hidden] and each layer type's cos, sin -> the residual stream
         residual = None
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):

@@ -35,9 +35,6 @@ class DualEncoder(Head):
         super().__init__(backbone)
         self.output = HeadOutput(SEQUENCE, backbone.config.projection_dim, (EMBED, RERANK), takes_images=True)
 
-    def after_load(self) -> None:
-        self.backbone.patch_embedding.reset_affine()
-
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of texts and images -> [num_seqs, projection_dim] float32, normalized
         backbone: DualEncoderBackbone = self.backbone  # type: ignore[assignment]

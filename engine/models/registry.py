@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from torch import nn
 
 from engine.attention import AttentionBackend
@@ -30,6 +31,7 @@ from engine.models.heads import ClassifierSpec, EmbedderSpec, JudgeSpec
 from engine.models.late_interaction import detect_colbert
 from engine.models.listwise import detect_listwise
 from engine.models.modernbert import ModernBertBackbone
+from engine.models.qwen2_vl import VisionLanguageBackbone
 from engine.models.sparse import detect_splade
 from engine.models.token_classifier import detect_token_classifier
 
@@ -39,7 +41,13 @@ if TYPE_CHECKING:
 
 # the head an architecture's name ends in: "embed" pools the bare model, "classify" is a
 # sequence-classification head (cross-encoders), "judge" a causal LM's yes/no logits (rerankers)
-HEAD_SUFFIXES = {"Model": "embed", "ForSequenceClassification": "classify", "ForCausalLM": "judge"}
+HEAD_SUFFIXES = {
+    "Model": "embed",
+    "ForSequenceClassification": "classify",
+    "ForCausalLM": "judge",
+    # a vision-language model's generative checkpoint, embedded as its bare model (gme-Qwen2-VL)
+    "ForConditionalGeneration": "embed",
+}
 # sentence-transformers runs checkpoints of these heads as the bare model (e.g. "BertForMaskedLM", or
 # Qwen3-Embedding's "Qwen3ForCausalLM")
 RUN_BARE = ("ForMaskedLM", "ForPreTraining", "ForCausalLM")
@@ -83,6 +91,8 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 # CLIP and SigLIP: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
+# Qwen2-VL: its decoder over texts that hold images (engine/models/qwen2_vl.py), last token
+VISION_LANGUAGE = Family(VisionLanguageBackbone, ("embed",), "last", decoder=True)
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
 
@@ -114,6 +124,7 @@ MODEL_TYPES: dict[str, ModelType] = {
     "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
     "clip": ModelType(DUAL_ENCODER, "CLIPModel", clip.CLIP),
     "siglip": ModelType(DUAL_ENCODER, "SiglipModel", clip.SIGLIP),
+    "qwen2_vl": ModelType(VISION_LANGUAGE, "Qwen2VLModel", decoder.QWEN2),
 }
 
 
@@ -258,4 +269,9 @@ def architecture_head(
 def build_model(spec: ModelSpec, attention_backend: AttentionBackend) -> nn.Module:
     """The spec's backbone under its head (on the current default device; weights not loaded)."""
     backbone = spec_entry(spec).family.backbone.from_spec(spec, attention_backend)
-    return spec.head.build(backbone, spec)
+    model = spec.head.build(backbone, spec)
+    image_token = getattr(backbone, "image_token", None)
+    if image_token is not None:  # any head over it takes images inside its sequences
+        run = (image_token, spec.images.merge)
+        model.output = msgspec.structs.replace(model.output, takes_images=True, image_run=run)
+    return model

@@ -151,7 +151,7 @@ class ReplicaPool(EngineInterface):
         prefix_length = 0 if prefix is None else len(prefix)
         capabilities = self._capabilities()
         if rows.images is not None:
-            check_images(capabilities.output, rows, lengths)
+            check_images(capabilities.output, rows, token_ids)
         runs_prefixes = capabilities.shared_prefixes_from is not None
         if prefix is not None and not runs_prefixes and not capabilities.output.scores_prefix:
             raise ValueError("the engine replicas do not run shared prefixes")

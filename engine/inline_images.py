@@ -1,0 +1,112 @@
+"""InlineImages: a batch's images that sit inside its text sequences (a vision-language model's, Qwen2-VL):
+each one a grid of patches whose merged tokens take the place of a run of placeholder tokens in its
+sequence. On the host, `inline_images` checks that run, orders each image's patches as the vision tower
+merges them (merge x merge groups, row by row), and lays out what the model reads: each patch's row and
+column (the tower's 2-D rotary), the batch rows its merged tokens replace, and every token's three M-RoPE
+positions (temporal, height, width): a text token's three are its place, an image token's the image's
+start, plus its merged row and column; the text after an image goes on from its start plus its longer
+side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class InlineImages:
+    # [num_patches, patch_dim] uint8 on the device, the images' patches in merge order; None on the host,
+    # where `patches` holds them
+    pixels: torch.Tensor | None
+    vision_positions: torch.Tensor  # [2, num_patches] int64: each patch's row and column in its image
+    vision_cu_seqlens: torch.Tensor  # host [num_images + 1] int32: the images' patches
+    vision_max_seqlen: int
+    token_rows: torch.Tensor  # [num_image_tokens] int64: the batch rows the merged patches replace, in order
+    positions: torch.Tensor  # [3, num_tokens] int64: every token's temporal, height and width position
+    patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] in merge order
+
+    def to(self, device: torch.device | str) -> InlineImages:
+        cuda = torch.device(device).type == "cuda"
+
+        def moved(tensor: torch.Tensor) -> torch.Tensor:
+            return (tensor.pin_memory() if cuda else tensor).to(device, non_blocking=True)
+
+        pixels = torch.from_numpy(np.concatenate(self.patches)) if self.pixels is None else self.pixels
+        return InlineImages(
+            moved(pixels), moved(self.vision_positions), self.vision_cu_seqlens, self.vision_max_seqlen,
+            moved(self.token_rows), moved(self.positions),
+        )  # fmt: skip
+
+
+def check_image_run(ids: Sequence[int] | np.ndarray, image: np.ndarray, image_token: int, merge: int) -> int:
+    """Where in `ids` the run of `image_token` the image takes starts; ValueError unless the image's grid
+    merges by `merge` and the sequence holds one run of its merged tokens."""
+    rows, columns = image.shape[:2]
+    if rows % merge or columns % merge:
+        raise ValueError(f"an image of {rows}x{columns} patches does not merge by {merge}")
+    run = np.flatnonzero(np.asarray(ids) == image_token)
+    wanted = rows * columns // merge**2
+    if len(run) != wanted or run[-1] - run[0] + 1 != len(run):
+        raise ValueError(
+            f"a sequence holds {len(run)} image tokens, not one run of the {wanted} its image takes"
+        )
+    return int(run[0])
+
+
+def inline_images(
+    cu_seqlens: np.ndarray,
+    flat_ids: np.ndarray,
+    images: Sequence[np.ndarray | None],
+    image_token: int,
+    merge: int,
+) -> InlineImages | None:
+    """The images of a batch (pack's `images`: per sequence a [rows, columns, patch_dim] grid or None)
+    whose sequences hold, each, one run of `image_token` as long as its image's merged tokens; None where
+    it has no image. ValueError where a sequence's run does not match its image."""
+    if len(images) != len(cu_seqlens) - 1:
+        raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
+    num_tokens = int(cu_seqlens[-1])
+    positions = np.empty((3, num_tokens), dtype=np.int64)
+    patches, vision_positions, token_rows, counts = [], [], [], []
+    for index, image in enumerate(images):
+        start, end = int(cu_seqlens[index]), int(cu_seqlens[index + 1])
+        if image is None:
+            positions[:, start:end] = np.arange(end - start)
+            continue
+        rows, columns, patch_dim = image.shape
+        merged_rows, merged_columns = rows // merge, columns // merge
+        first = check_image_run(flat_ids[start:end], image, image_token, merge)
+        run = np.arange(first, first + merged_rows * merged_columns)
+        # merge order: each merge x merge group of patches together, the groups row by row
+        grouped = image.reshape(merged_rows, merge, merged_columns, merge, patch_dim).transpose(0, 2, 1, 3, 4)
+        patches.append(grouped.reshape(-1, patch_dim))
+        row, column = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
+        order = (merged_rows, merge, merged_columns, merge)
+        vision_positions.append(
+            np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
+        )
+        counts.append(rows * columns)
+        token_rows.append(start + run)
+        own = positions[:, start:end]
+        own[:, :first] = np.arange(first)
+        merged_row, merged_column = np.divmod(np.arange(len(run)), merged_columns)
+        own[0, first : first + len(run)] = first
+        own[1, first : first + len(run)] = first + merged_row
+        own[2, first : first + len(run)] = first + merged_column
+        after = first + len(run)
+        own[:, after:] = first + max(merged_rows, merged_columns) + np.arange(end - start - after)
+    if not patches:
+        return None
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return InlineImages(
+        None,
+        torch.from_numpy(np.concatenate(vision_positions, axis=1)),
+        torch.from_numpy(cu),
+        max(counts),
+        torch.from_numpy(np.concatenate(token_rows).astype(np.int64)),
+        torch.from_numpy(positions),
+        patches,
+    )
