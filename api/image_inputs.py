@@ -75,7 +75,7 @@ async def embed_items(
         first = items[positions[0]]
         raise InvalidInput(
             f"{first.param} is an image, and the model '{model.name}' embeds text only: images need an image "
-            "model (CLIP, SigLIP)",
+            "model (CLIP, SigLIP, Qwen2-VL)",
             first.param.split("[")[0],
         )
     texts = [prompt + item for item in items if isinstance(item, str)]
@@ -100,17 +100,36 @@ async def embed_items(
 
         sources = [image.source for image in images]
         decoded = await guard.tokenized(decode_all(model.image_pool, work, sources))
-        pixels: list[np.ndarray | None] = [None] * len(items)
-        placeholder = [0] * layout.num_tokens
-        for index, patches in zip(positions, decoded):
-            pixels[index], sequences[index] = patches, placeholder
-        rows = dataclasses.replace(rows, images=pixels)
+        grids: list[np.ndarray | None] = [None] * len(items)
+        for index, image, grid in zip(positions, images, decoded):
+            grids[index], sequences[index] = grid, image_sequence(model, grid, image.param)
+        rows = dataclasses.replace(rows, images=grids)
     vectors = await guard.run(sequences, rows=rows)
     return vectors, sum(map(len, sequences))
 
 
+def image_sequence(model: ServedModel, grid: np.ndarray, where: str) -> list[int]:
+    """The token ids of an image of this grid of patches: a dual encoder's placeholder, a token for each
+    (the class token's too); a vision-language model's input layout (TextEncoder.single) of its vision
+    start, a placeholder for each merged patch, and its vision end."""
+    spec = model.spec
+    tokens = spec.images.tokens_of(grid.shape[:2])
+    if spec.input_template is None:
+        return [0] * tokens
+    config = spec.config
+    placeholders = [config.image_token_id] * tokens
+    ids = model.encoder.single.apply([config.vision_start, *placeholders, config.vision_end])
+    if len(ids) > spec.max_seq_length:
+        raise InvalidInput(
+            f"{where}: an image of {grid.shape[0] * grid.shape[1]} patches takes {len(ids)} tokens, more "
+            f"than the model's window of {spec.max_seq_length}",
+            where.split("[")[0],
+        )
+    return ids
+
+
 async def decode_all(pool, work, sources: list[str]) -> list[np.ndarray]:
-    """The images' patches, decoded on the tokenizer threads; the first failure (in order) is raised."""
+    """The images' patches, decoded on the model's image threads; the first failure (in order) is raised."""
     joined: list[np.ndarray] = []
     for part in await pool.map(work, sources):
         if isinstance(part, BaseException):

@@ -17,6 +17,9 @@ from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
 if TYPE_CHECKING:
     from engine.checkpoint.cross_encoder import ChatTemplate
 
+# Qwen2's end of text: a vision-language embedder's input ends with it, and is pooled there (gme-Qwen2-VL)
+END_OF_TEXT = "<|endoftext|>"
+
 T = TypeVar("T")
 # tokenizing more than this many characters at once moves off the event loop, split over the encoder's
 # threads (the tokenizer lets go of the GIL while it works); smaller inputs are tokenized inline
@@ -51,6 +54,7 @@ class TextEncoder:
         num_threads: int = 1,
         chat_template: ChatTemplate | None = None,
         padding: tuple[int, int] | None = None,
+        input_template: ChatTemplate | None = None,
     ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         # (length, pad id): each text encoded alone is padded to that length (ModelSpec.text_padding)
@@ -61,7 +65,14 @@ class TextEncoder:
         self.vocab_size = vocab_size
         self.bound = CharBound.of(self.tokenizer)
         self.pool = TokenizerPool(num_threads)
-        self.single = SingleTemplate.from_tokenizer(self.tokenizer)
+        # each text's special tokens: the tokenizer's, or a vision-language embedder's chat layout of it
+        self.single = (
+            SingleTemplate.from_tokenizer(self.tokenizer)
+            if input_template is None
+            else SingleTemplate.from_chat(
+                input_template.source, input_template.variables, self.tokenizer, END_OF_TEXT
+            )
+        )
         # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template
         self.pair_prompt = pair_prompt(pair_format, self.tokenizer, chat_template)
         if self.pair_prompt is not None:

@@ -111,10 +111,28 @@ def dual_encoder_checkpoint(
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
     return folder, model
 
 
-QWEN2_VL_SPECIALS = ("<|endoftext|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+QWEN2_VL_SPECIALS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+    "<|video_pad|>",
+)  # fmt: skip
+# Qwen2-VL's chat layout: a default system turn, each image part its vision tokens, the assistant's prompt
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 TINY_QWEN2_VL_TEXT = {
     "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 512,
@@ -138,7 +156,7 @@ def qwen2_vl_checkpoint(
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A <|endoftext|>")
+    tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A")
     ids = {token: tokenizer.token_to_id(token) for token in QWEN2_VL_SPECIALS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)}
     config = Qwen2VLConfig(
@@ -161,4 +179,5 @@ def qwen2_vl_checkpoint(
         "do_normalize": True, "do_resize": True, "resample": 3, "do_convert_rgb": True,
     }  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
     return folder, model

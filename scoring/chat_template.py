@@ -16,12 +16,18 @@ PAIR_ROLES = ("query", "document")  # sentence-transformers' roles for a pair's 
 def render_pair(source: str, variables: Mapping[str, Any], query: str, document: str) -> str:
     """The template's text for the pair as its two messages, with the model's special tokens and the
     sentence-transformers chat-template arguments (add_generation_prompt, ...) as variables."""
+    messages = [{"role": role, "content": text} for role, text in zip(PAIR_ROLES, (query, document))]
+    return render(source, variables, messages, "a query and a document")
+
+
+def render(source: str, variables: Mapping[str, Any], messages: list[dict[str, Any]], what: str) -> str:
+    """The template's text for `messages` (`what` they are, for its errors)."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
-        raise TemplateError(f"the chat template refused the pair: {message}")
+        raise TemplateError(f"the chat template refused {what}: {message}")
 
     def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **_: Any) -> str:
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
@@ -32,8 +38,7 @@ def render_pair(source: str, variables: Mapping[str, Any], query: str, document:
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda pattern: datetime.now().strftime(pattern)
-    messages = [{"role": role, "content": text} for role, text in zip(PAIR_ROLES, (query, document))]
     try:
         return environment.from_string(source).render(messages=messages, **variables)
     except jinja2.TemplateError as error:
-        raise TemplateError(f"the chat template cannot render a query and a document: {error}") from error
+        raise TemplateError(f"the chat template cannot render {what}: {error}") from error

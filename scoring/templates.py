@@ -12,6 +12,8 @@ from tokenizers import Tokenizer
 
 from scoring.errors import TemplateError
 
+CONTENT_MARK = "\ue000"  # a private-use character: where a rendered template puts the content
+
 
 @dataclass(frozen=True, slots=True)
 class Piece:
@@ -50,6 +52,23 @@ class SingleTemplate:
     def from_tokenizer(cls, tokenizer: Tokenizer) -> SingleTemplate:
         pieces, _ = _pieces(tokenizer, ("a",))
         return cls(pieces[0], pieces[1])
+
+    @classmethod
+    def from_chat(
+        cls, source: str, variables: dict[str, Any], tokenizer: Tokenizer, end: str
+    ) -> SingleTemplate:
+        """A vision-language embedder's layout of one input (gme-Qwen2-VL's): a user turn of it in the
+        chat template (with the template's default system turn), the assistant's prompt, then `end`."""
+        from scoring.chat_template import render
+
+        variables = {**variables, "add_generation_prompt": True}
+        messages = [{"role": "user", "content": [{"type": "text", "text": CONTENT_MARK}]}]
+        text = render(source, variables, messages, "an input")
+        if text.count(CONTENT_MARK) != 1:
+            raise TemplateError("the chat template does not lay out a user turn's text once")
+        before, after = text.split(CONTENT_MARK)
+        pieces = (tokenizer.encode(part, add_special_tokens=False).ids for part in (before, after + end))
+        return cls(*(Piece(tuple(ids), (0,) * len(ids)) for ids in pieces))
 
     @property
     def num_special_tokens(self) -> int:

@@ -67,15 +67,20 @@ def read_cross_encoder(
     return LogitScore(config["true_token_id"], config.get("false_token_id"), template)
 
 
-def read_chat_template(name: str, transformer_dir: Path) -> ChatTemplate:
-    """The tokenizer's chat template (chat_template.jinja, or tokenizer_config.json's) and its variables."""
+def read_chat_template(name: str, transformer_dir: Path, purpose: str = "") -> ChatTemplate:
+    """The tokenizer's chat template (chat_template.jinja, a processor's chat_template.json, or
+    tokenizer_config.json's) and its variables; `purpose` says what needs it where it lacks one."""
     tokenizer_config = read_json(transformer_dir / "tokenizer_config.json") or {}
     jinja = transformer_dir / "chat_template.jinja"
-    source = jinja.read_text() if jinja.is_file() else tokenizer_config.get("chat_template")
+    processor = read_json(transformer_dir / "chat_template.json") or {}
+    source = (
+        jinja.read_text()
+        if jinja.is_file()
+        else processor.get("chat_template") or tokenizer_config.get("chat_template")
+    )
     if not isinstance(source, str):
-        raise UnsupportedModel(
-            f"model {name!r}: its LogitScore module lays out pairs with the chat template, which it lacks"
-        )
+        purpose = purpose or "its LogitScore module lays out pairs with the chat template"
+        raise UnsupportedModel(f"model {name!r}: {purpose}, which it lacks")
     variables = {}
     for key in SPECIAL_TOKENS:
         token = tokenizer_config.get(key)

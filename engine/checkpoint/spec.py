@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.colbert import ColbertConfig
-from engine.checkpoint.cross_encoder import LogitScore
+from engine.checkpoint.cross_encoder import ChatTemplate, LogitScore, read_chat_template
 from engine.checkpoint.files import model_card, model_card_says_matryoshka, read_json
 from engine.checkpoint.folder import REMOTE_CODE, Checkpoint, read_folder
 from engine.checkpoint.images import ImageLayout, read_dynamic_image_layout, read_image_layout
@@ -60,6 +60,8 @@ class ModelSpec:
     images: ImageLayout | None = None  # how it takes an image; None: it takes none
     # (length, pad id): every text is padded to that many tokens, as the model was trained (SigLIP)
     text_padding: tuple[int, int] | None = None
+    # a vision-language model's chat template, which lays out each input (text or image) as a user turn
+    input_template: ChatTemplate | None = None
 
     # what the head says of the served model
     @property
@@ -170,7 +172,21 @@ def read_spec(
         matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
         images=image_layout(checkpoint, family_config),
         text_padding=text_padding(checkpoint, family_config),
+        input_template=(
+            read_chat_template(
+                name, checkpoint.transformer_dir, "it lays out its inputs with its chat template"
+            )
+            if isinstance(family_config, VisionLanguageConfig)
+            else None
+        ),
     )
+
+
+def input_template(checkpoint: Checkpoint, family_config: Any) -> ChatTemplate | None:
+    if not isinstance(family_config, VisionLanguageConfig):
+        return None
+    purpose = "it lays out its inputs with its chat template"
+    return read_chat_template(checkpoint.name, checkpoint.transformer_dir, purpose)
 
 
 def text_padding(checkpoint: Checkpoint, family_config: Any) -> tuple[int, int] | None:

@@ -33,7 +33,7 @@ class HeadSpec:
     def output_dim(self, hf_config: Any) -> int:
         if self.num_labels:
             return self.num_labels
-        return self.dense[-1].out_features if self.dense else hf_config.hidden_size
+        return self.dense[-1].out_features if self.dense else hf_config.get_text_config().hidden_size
 
     def window(self, window: int, sentence_transformers_length: int | None) -> int:
         """The served window, from the backbone's and the one sentence-transformers sets (if any)."""

@@ -75,7 +75,9 @@ class VisionConfig:
 @dataclass(frozen=True, slots=True)
 class VisionLanguageConfig(DecoderConfig):
     vision: VisionConfig
-    image_token_id: int
+    image_token_id: int  # an image's placeholder, one for each merged patch
+    vision_start: int  # the tokens around an image's placeholders
+    vision_end: int
     mrope_section: tuple[int, ...]  # rotary frequencies per stream: temporal, height, width
 
     @classmethod
@@ -93,6 +95,8 @@ class VisionLanguageConfig(DecoderConfig):
             **fields,
             vision=VisionConfig.from_hf(hf_config.vision_config),
             image_token_id=hf_config.image_token_id,
+            vision_start=hf_config.vision_start_token_id,
+            vision_end=hf_config.vision_end_token_id,
             mrope_section=section,
         )
 
