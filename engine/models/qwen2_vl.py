@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention import AttentionBackend, AttentionMetadata, select_backend
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.inline_images import InlineImages
@@ -150,7 +150,13 @@ class VisionLanguageBackbone(DecoderBackbone):
     ):
         super().__init__(config, attention_backend)
         self.image_token = config.image_token_id
-        self.visual = VisionTower(config.vision, attention_backend, affine)
+        # the vision tower's heads may be of a size the decoder's backend lacks (Qwen2-VL-2B's 80 against
+        # FlashInfer's 64, 128 and 256): then it attends through torch's, which takes any
+        vision_backend = attention_backend
+        head_sizes = attention_backend.head_dims
+        if head_sizes is not None and config.vision.tower.head_dim not in head_sizes:
+            vision_backend = select_backend("torch", "cpu")  # device-agnostic
+        self.visual = VisionTower(config.vision, vision_backend, affine)
 
     @classmethod
     def parse(
