@@ -67,9 +67,7 @@ class ImageLayout:
 
 def read_image_layout(name: str, folder: Path, vision_config: Any, leading_tokens: int) -> ImageLayout:
     """The layout of a model whose vision tower takes square images of vision_config.image_size."""
-    processor = read_json(folder / "preprocessor_config.json")
-    if processor is None:
-        raise UnsupportedModel(f"model {name!r}: an image model without preprocessor_config.json")
+    processor = read_processor(name, folder)
     size = processor.get("size") or {}
     if isinstance(size, int):
         size = {"shortest_edge": size}
@@ -86,10 +84,6 @@ def read_image_layout(name: str, folder: Path, vision_config: Any, leading_token
         if isinstance(crop_size, int):
             crop_size = {"height": crop_size, "width": crop_size}
         crop = (crop_size["height"], crop_size["width"])
-    resample = processor.get("resample", 3)
-    if resample not in RESAMPLING:
-        raise UnsupportedModel(f"model {name!r}: unknown resampling filter {resample}")
-    normalize = processor.get("do_normalize", True)
     image_size = vision_config.image_size
     final = crop or resize_to
     if final is None or tuple(final) != (image_size, image_size):
@@ -101,11 +95,8 @@ def read_image_layout(name: str, folder: Path, vision_config: Any, leading_token
     return ImageLayout(
         shortest_edge=shortest_edge,
         resize_to=resize_to,
-        resample=resample,
         crop=crop,
-        rescale=processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else None,
-        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))) if normalize else None,
-        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))) if normalize else None,
+        **pixel_values(name, processor, (0.5,) * CHANNELS, (0.5,) * CHANNELS),
         image_size=image_size,
         patch_size=vision_config.patch_size,
         leading_tokens=leading_tokens,
@@ -116,9 +107,7 @@ def read_dynamic_image_layout(name: str, folder: Path, vision_config: Any) -> Im
     """The layout of a model whose vision tower takes images of any size (Qwen2-VL): its processor's pixel
     range (min_pixels, max_pixels, or size's shortest_edge and longest_edge, both in pixels), merged
     patches, rescale and normalization."""
-    processor = read_json(folder / "preprocessor_config.json")
-    if processor is None:
-        raise UnsupportedModel(f"model {name!r}: an image model without preprocessor_config.json")
+    processor = read_processor(name, folder)
     size = processor.get("size") or {}
     low = processor.get("min_pixels") or size.get("shortest_edge") or 56 * 56
     high = processor.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280
@@ -129,21 +118,38 @@ def read_dynamic_image_layout(name: str, folder: Path, vision_config: Any) -> Im
             f"model {name!r}: its processor makes patches of {patch_size} merged by {merge}, its vision "
             f"tower takes {vision_config.patch_size} merged by {vision_config.spatial_merge_size}"
         )
-    resample = processor.get("resample", 3)
-    if resample not in RESAMPLING:
-        raise UnsupportedModel(f"model {name!r}: unknown resampling filter {resample}")
-    normalize = processor.get("do_normalize", True)
     return ImageLayout(
         shortest_edge=None,
         resize_to=None,
-        resample=resample,
         crop=None,
-        rescale=processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else None,
-        mean=tuple(processor.get("image_mean", CLIP_MEAN)) if normalize else None,
-        std=tuple(processor.get("image_std", CLIP_STD)) if normalize else None,
+        **pixel_values(name, processor, CLIP_MEAN, CLIP_STD),
         image_size=None,
         patch_size=patch_size,
         leading_tokens=0,
         pixel_range=(int(low), int(high)),
         merge=merge,
     )
+
+
+def read_processor(name: str, folder: Path) -> dict[str, Any]:
+    processor = read_json(folder / "preprocessor_config.json")
+    if processor is None:
+        raise UnsupportedModel(f"model {name!r}: an image model without preprocessor_config.json")
+    return processor
+
+
+def pixel_values(
+    name: str, processor: dict[str, Any], mean: tuple[float, ...], std: tuple[float, ...]
+) -> dict[str, Any]:
+    """A processor's resampling filter, rescale and normalization (`mean`, `std`: its defaults), as
+    ImageLayout's fields."""
+    resample = processor.get("resample", 3)
+    if resample not in RESAMPLING:
+        raise UnsupportedModel(f"model {name!r}: unknown resampling filter {resample}")
+    normalize = processor.get("do_normalize", True)
+    return {
+        "resample": resample,
+        "rescale": processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else None,
+        "mean": tuple(processor.get("image_mean", mean)) if normalize else None,
+        "std": tuple(processor.get("image_std", std)) if normalize else None,
+    }
