@@ -150,9 +150,11 @@ def qwen2_vl_checkpoint(
     pixel_range: tuple[int, int] = (28 * 28 * 4, 28 * 28 * 16),
     seed: int = 0,
     std: float = NOISE_STD,
+    dtype: torch.dtype = torch.float32,
 ):
     """A random Qwen2-VL (Qwen2VLForConditionalGeneration, as gme-Qwen2-VL ships) in `folder`, with a
-    tokenizer holding its vision tokens and a processor config of `pixel_range` -> (folder, the model)."""
+    tokenizer holding its vision tokens and a processor config of `pixel_range`, its weights saved in
+    `dtype` -> (folder, the model in float32, of those weights)."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -169,8 +171,9 @@ def qwen2_vl_checkpoint(
     )
     config.architectures = ["Qwen2VLForConditionalGeneration"]
     torch.manual_seed(seed)
-    model = randomized(Qwen2VLForConditionalGeneration(config), seed, std)
+    model = randomized(Qwen2VLForConditionalGeneration(config), seed, std).to(dtype)
     model.save_pretrained(folder)
+    model = model.float()
     tokenizer.save(str(folder / "tokenizer.json"))
     processor = {
         "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": pixel_range[0],

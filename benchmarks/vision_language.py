@@ -1,0 +1,161 @@
+"""The images suite's vision-language case (CUDA): image embeddings of a Qwen2-VL embedder as gme-Qwen2-VL
+lays out its inputs (each image a user turn of its vision tokens in the chat template, then
+<|endoftext|>, pooled there), on real-size random weights of Qwen2-VL-2B (text 1536 x 28 layers, vision
+1280 x 32), bf16 on both sides, in one run: posy's engine as one request against transformers'
+Qwen2VLModel in batches of REFERENCE_BATCH (right-padded, each image's grid and M-RoPE positions from its
+processor's inputs), images per second and tokens per second (an image's placeholders and layout), and
+the minimum cosine of posy's rows against transformers' fp32 ones. `--smoke` runs a tiny checkpoint on
+the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.records import RunContext, engine_backend
+from benchmarks.timing import timed
+
+NUM_IMAGES, SMOKE_IMAGES = 64, 6
+REFERENCE_BATCH = 8
+MIN_COSINE = 0.99
+SPEEDUP = 3.0
+# Qwen2-VL-2B's shapes; gme-Qwen2-VL's image range (256 to 1280 tokens an image)
+TEXT_2B = {
+    "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+    "num_key_value_heads": 2, "max_position_embeddings": 32768,
+}  # fmt: skip
+VISION_2B = {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}
+PIXEL_RANGE_2B = (256 * 28 * 28, 1280 * 28 * 28)
+
+
+def measure_vision_language(
+    case: str, options: argparse.Namespace, device: str, gpu: str | None, smoke: bool
+):
+    import torch
+    import torch.nn.functional as F
+    from tokenizers import Tokenizer
+
+    from api.images import ImageLimits, decode, normalized, patches, pixels
+    from api.tokenize import END_OF_TEXT
+    from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+    from benchmarks.images import png_images
+    from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
+    from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
+    from engine.inline_images import inline_images
+    from engine.outputs import RowRequest
+    from scoring.templates import SingleTemplate
+
+    count = SMOKE_IMAGES if smoke else NUM_IMAGES
+    rounds = 1 if smoke else options.rounds
+    dtype = torch.float32 if smoke else torch.bfloat16
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory) / case
+        if smoke:
+            folder, reference = qwen2_vl_checkpoint(folder)
+        else:
+            folder, reference = qwen2_vl_checkpoint(
+                folder, TEXT_2B, VISION_2B, [16, 24, 24], PIXEL_RANGE_2B, std=0.02, dtype=torch.bfloat16
+            )
+        spec = resolve_model(str(folder))
+        layout, config = spec.images, spec.config
+        tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+        template = spec.input_template
+        single = SingleTemplate.from_chat(template.source, template.variables, tokenizer, END_OF_TEXT)
+        started = time.perf_counter()
+        grids = [
+            patches(pixels(decode(data, ImageLimits(), "input"), layout), layout.patch_size)
+            for data in png_images(count, seed=1)
+        ]
+        preprocess_s = time.perf_counter() - started
+        sequences = [
+            single.apply(
+                [
+                    config.vision_start,
+                    *[config.image_token_id] * layout.tokens_of(g.shape[:2]),
+                    config.vision_end,
+                ]
+            )
+            for g in grids
+        ]
+        max_batch_tokens = default_max_batch_tokens(device)
+        engine_config = EngineConfig(
+            device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend,
+            max_batch_tokens=max_batch_tokens, max_queue_tokens=QUEUE_BATCHES * max_batch_tokens,
+        )  # fmt: skip
+        engine = build_engine(spec, engine_config)
+        ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
+        loop = asyncio.new_event_loop()
+
+        def posy_embed():
+            return loop.run_until_complete(engine.run(sequences, rows=RowRequest(images=grids)))
+
+        def reference_inputs(start: int, model_dtype):
+            """A batch of the processor's inputs: the same ids right-padded, its two temporal copies of
+            each image's normalized patches (in merge order), grids, the image tokens' mask."""
+            part = range(start, min(start + REFERENCE_BATCH, count))
+            longest = max(len(sequences[i]) for i in part)
+            ids = torch.full((len(part), longest), config.image_token_id + 1)  # a text token as padding
+            mask = torch.zeros((len(part), longest), dtype=torch.int64)
+            frames = []
+            for row, i in enumerate(part):
+                ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+                mask[row, : len(sequences[i])] = 1
+                ordered = inline_images(
+                    np.array([0, len(sequences[i])]), np.asarray(sequences[i]), [grids[i]],
+                    config.image_token_id, layout.merge,
+                ).patches[0]  # fmt: skip
+                values = normalized(ordered.reshape(len(ordered), 3, 1, -1), layout)
+                frames.append(np.repeat(values, 2, axis=2).reshape(len(values), -1))
+            grid_thw = torch.tensor([[1, *grids[i].shape[:2]] for i in part])
+            return {
+                "input_ids": ids.to(device), "attention_mask": mask.to(device),
+                "pixel_values": torch.from_numpy(np.concatenate(frames)).to(device, model_dtype),
+                "image_grid_thw": grid_thw.to(device),
+                "mm_token_type_ids": (ids == config.image_token_id).int().to(device),
+            }  # fmt: skip
+
+        batches = {
+            model_dtype: [reference_inputs(start, model_dtype) for start in range(0, count, REFERENCE_BATCH)]
+            for model_dtype in {torch.float32, dtype}
+        }
+
+        def transformers_embed(model, model_dtype):
+            rows = []
+            with torch.inference_mode():
+                for inputs in batches[model_dtype]:
+                    hidden = model.model(**inputs).last_hidden_state
+                    last = inputs["attention_mask"].sum(1) - 1
+                    rows.append(hidden[torch.arange(len(last), device=device), last])
+            return F.normalize(torch.cat(rows).float(), dim=-1).cpu().numpy()
+
+        reference = reference.to(device)
+        expected = transformers_embed(reference, torch.float32)
+        half = reference.to(dtype)
+        ours = posy_embed()
+        cosine = float((ours * expected).sum(1).min())
+        posy_s = statistics.median(timed(posy_embed, rounds + 1, device)[1:])
+        theirs_s = statistics.median(timed(lambda: transformers_embed(half, dtype), rounds + 1, device)[1:])
+        engine.stop()
+        loop.close()
+    tokens = sum(map(len, sequences))
+    records = [
+        ctx.record(f"{case} embed", "images_per_s", count / posy_s, "images/s", count / theirs_s),
+        ctx.record(f"{case} embed", "tokens_per_s", tokens / posy_s, "tokens/s", tokens / theirs_s),
+        ctx.record(f"{case} embed", "min_cosine_vs_fp32", cosine, "cosine"),
+        ctx.record(f"{case} preprocess", "images_per_s_one_thread", count / preprocess_s, "images/s"),
+    ]
+    failure = None
+    if cosine < MIN_COSINE:
+        failure = f"image rows at cosine {cosine:.4f} of fp32 (< {MIN_COSINE})"
+    elif not smoke and theirs_s / posy_s < SPEEDUP:
+        failure = f"against transformers, below {SPEEDUP}x: engine images/s {theirs_s / posy_s:.2f}x"
+    for record in records:
+        print(f"{record.case} {record.metric}: {record.value:.4g} (baseline {record.baseline})")
+    return records, failure
