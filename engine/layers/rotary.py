@@ -42,17 +42,32 @@ def rotary_tables(
 
 
 def stream_rotary_tables(
-    positions: torch.Tensor, frequencies: torch.Tensor, sections: Sequence[int], dtype: torch.dtype
+    positions: torch.Tensor, frequencies: torch.Tensor, streams: Sequence[int], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables of several position streams ([num_streams, num_tokens]: Qwen2-VL's M-RoPE of a
-    temporal, a height and a width position; its vision tower's height and width): frequency j of
-    `frequencies` ([head_dim // 2] float32) turns by the position of the stream whose section holds it
-    (`sections`, in order, summing to head_dim // 2). Where the streams agree (a text's tokens), these
-    are rotary_tables'."""
-    streams = torch.arange(len(sections), device=positions.device)
-    stream = streams.repeat_interleave(torch.tensor(sections, device=positions.device))
+    """Rotary tables of several position streams ([num_streams, num_tokens]: M-RoPE's temporal, height
+    and width positions; a vision tower's height and width): frequency j of `frequencies` ([head_dim // 2]
+    float32) turns by the position of stream `streams[j]` (sectioned_streams, interleaved_streams).
+    Where the streams agree (a text's tokens), these are rotary_tables'."""
+    stream = torch.tensor(streams, device=positions.device)
     angles = positions.float()[stream].T * frequencies[None, :]
     return tables(angles, dtype)
+
+
+def sectioned_streams(sections: Sequence[int]) -> list[int]:
+    """Each frequency's stream where the streams take consecutive sections of them (Qwen2-VL's M-RoPE, its
+    vision tower's rows then columns): [0] * sections[0] + [1] * sections[1] + ..."""
+    return [stream for stream, size in enumerate(sections) for _ in range(size)]
+
+
+def interleaved_streams(sections: Sequence[int]) -> list[int]:
+    """Each frequency's stream where they take turns (Qwen3-VL's interleaved M-RoPE): stream s > 0 has
+    frequencies s, s + n, s + 2n, ... below n * sections[s] (n streams), stream 0 all the others."""
+    count = len(sections)
+    stream = [0] * sum(sections)
+    for index in range(1, count):
+        for frequency in range(index, count * sections[index], count):
+            stream[frequency] = index
+    return stream
 
 
 def tables(angles: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

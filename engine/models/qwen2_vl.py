@@ -21,7 +21,7 @@ from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.inline_images import InlineImages
 from engine.layers.patch_embedding import PatchEmbedding
-from engine.layers.rotary import inverse_frequencies, stream_rotary_tables
+from engine.layers.rotary import inverse_frequencies, sectioned_streams, stream_rotary_tables
 from engine.models.clip import EncoderLayer, TowerConfig
 from engine.models.decoder import DecoderBackbone, DecoderConfig, DecoderVariant
 
@@ -131,7 +131,8 @@ class VisionTower(nn.Module):
         # 2-D rotary in float32: the first half of the frequencies turn by the row, the second by the column
         quarter = self.config.tower.head_dim // 4
         frequencies = inverse_frequencies(2 * quarter, self.config.rope_theta, pixels.device).repeat(2)
-        rotary = stream_rotary_tables(positions, frequencies, (quarter, quarter), torch.float32)
+        streams = sectioned_streams((quarter, quarter))
+        rotary = stream_rotary_tables(positions, frequencies, streams, torch.float32)
         for block in self.blocks:
             hidden = block(hidden, meta, rotary)
         merged = self.merge_norm(hidden).view(-1, self.merge_up.in_features)
@@ -192,7 +193,8 @@ class VisionLanguageBackbone(DecoderBackbone):
         hidden = hidden.index_copy(0, images.token_rows, merged.to(hidden.dtype))
         theta = config.rope_thetas["full_attention"]
         frequencies = inverse_frequencies(config.head_dim, theta, hidden.device)
-        rotary = stream_rotary_tables(images.positions, frequencies, config.mrope_section, hidden.dtype)
+        streams = sectioned_streams(config.mrope_section)
+        rotary = stream_rotary_tables(images.positions, frequencies, streams, hidden.dtype)
         return self.run_layers(hidden, {"full_attention": rotary}, meta, rows)
 
     def weight_map(self) -> WeightTargets:
