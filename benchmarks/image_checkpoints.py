@@ -140,45 +140,61 @@ TINY_QWEN2_VL_TEXT = {
 # head_dim 16 (64 / 4 heads): its 8 rotary frequencies turn by the temporal, height and width positions
 TINY_MROPE_SECTION = [2, 3, 3]
 TINY_QWEN2_VL_VISION = {"depth": 2, "embed_dim": 32, "num_heads": 4, "mlp_ratio": 2}
+# Qwen3-VL's names; a 4x4 learned position table, both blocks' states added to the decoder (DeepStack)
+TINY_QWEN3_VL_VISION = {
+    "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "num_position_embeddings": 16,
+    "deepstack_visual_indexes": [0, 1], "hidden_act": "gelu_pytorch_tanh",
+}  # fmt: skip
 
 
 def qwen2_vl_checkpoint(
     folder: Path,
     text=TINY_QWEN2_VL_TEXT,
-    vision=TINY_QWEN2_VL_VISION,
+    vision=None,
     mrope_section=TINY_MROPE_SECTION,
-    pixel_range: tuple[int, int] = (28 * 28 * 4, 28 * 28 * 16),
+    pixel_range: tuple[int, int] | None = None,
     seed: int = 0,
     std: float = NOISE_STD,
     dtype: torch.dtype = torch.float32,
+    kind: str = "qwen2_vl",
 ):
-    """A random Qwen2-VL (Qwen2VLForConditionalGeneration, as gme-Qwen2-VL ships) in `folder`, with a
-    tokenizer holding its vision tokens and a processor config of `pixel_range`, its weights saved in
-    `dtype` -> (folder, the model in float32, of those weights)."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    """A random Qwen2-VL (Qwen2VLForConditionalGeneration, as gme-Qwen2-VL ships) or, `kind` "qwen3_vl",
+    Qwen3-VL in `folder`, with a tokenizer holding its vision tokens and a processor config of
+    `pixel_range`, its weights saved in `dtype` -> (folder, the model in float32, of those weights)."""
+    import transformers
 
+    qwen3 = kind == "qwen3_vl"
+    prefix = "Qwen3VL" if qwen3 else "Qwen2VL"
+    config_class = getattr(transformers, f"{prefix}Config")
+    model_class = getattr(transformers, f"{prefix}ForConditionalGeneration")
+    patch = 16 if qwen3 else 14
+    vision = vision or (TINY_QWEN3_VL_VISION if qwen3 else TINY_QWEN2_VL_VISION)
+    pixel_range = pixel_range or ((2 * patch) ** 2 * 4, (2 * patch) ** 2 * 16)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A")
     ids = {token: tokenizer.token_to_id(token) for token in QWEN2_VL_SPECIALS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)}
-    config = Qwen2VLConfig(
-        text_config={**text, "vocab_size": tokenizer.get_vocab_size(), "rope_parameters": rope},
-        vision_config={**vision, "hidden_size": text["hidden_size"], "patch_size": 14},
+    out = {"out_hidden_size": text["hidden_size"]} if qwen3 else {"hidden_size": text["hidden_size"]}
+    head_dim = {"head_dim": text["hidden_size"] // text["num_attention_heads"]} if qwen3 else {}
+    config = config_class(
+        text_config={**text, **head_dim, "vocab_size": tokenizer.get_vocab_size(), "rope_parameters": rope},
+        vision_config={**vision, **out, "patch_size": patch},
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    config.architectures = ["Qwen2VLForConditionalGeneration"]
+    config.architectures = [model_class.__name__]
     torch.manual_seed(seed)
-    model = randomized(Qwen2VLForConditionalGeneration(config), seed, std).to(dtype)
+    model = randomized(model_class(config), seed, std).to(dtype)
     model.save_pretrained(folder)
     model = model.float()
     tokenizer.save(str(folder / "tokenizer.json"))
     processor = {
         "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": pixel_range[0],
-        "max_pixels": pixel_range[1], "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-        "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_rescale": True, "rescale_factor": 1 / 255,
+        "max_pixels": pixel_range[1], "patch_size": patch, "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": [0.5] * 3 if qwen3 else CLIP_MEAN, "image_std": [0.5] * 3 if qwen3 else CLIP_STD,
+        "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "do_resize": True, "resample": 3, "do_convert_rgb": True,
     }  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))

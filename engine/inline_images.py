@@ -22,6 +22,7 @@ class InlineImages:
     # where `patches` holds them
     pixels: torch.Tensor | None
     vision_positions: torch.Tensor  # [2, num_patches] int64: each patch's row and column in its image
+    vision_grids: torch.Tensor  # [2, num_patches] int64: its image's rows and columns of patches
     vision_cu_seqlens: torch.Tensor  # host [num_images + 1] int32: the images' patches
     vision_max_seqlen: int
     token_rows: torch.Tensor  # [num_image_tokens] int64: the batch rows the merged patches replace, in order
@@ -36,7 +37,8 @@ class InlineImages:
 
         pixels = torch.from_numpy(np.concatenate(self.patches)) if self.pixels is None else self.pixels
         return InlineImages(
-            moved(pixels), moved(self.vision_positions), self.vision_cu_seqlens, self.vision_max_seqlen,
+            moved(pixels), moved(self.vision_positions), moved(self.vision_grids), self.vision_cu_seqlens,
+            self.vision_max_seqlen,
             moved(self.token_rows), moved(self.positions),
         )  # fmt: skip
 
@@ -70,7 +72,7 @@ def inline_images(
         raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
     num_tokens = int(cu_seqlens[-1])
     positions = np.empty((3, num_tokens), dtype=np.int64)
-    patches, vision_positions, token_rows, counts = [], [], [], []
+    patches, vision_positions, grids, token_rows, counts = [], [], [], [], []
     for index, image in enumerate(images):
         start, end = int(cu_seqlens[index]), int(cu_seqlens[index + 1])
         if image is None:
@@ -89,6 +91,7 @@ def inline_images(
             np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
         )
         counts.append(rows * columns)
+        grids.append(np.repeat([[rows], [columns]], rows * columns, axis=1))
         token_rows.append(start + run)
         own = positions[:, start:end]
         own[:, :first] = np.arange(first)
@@ -104,6 +107,7 @@ def inline_images(
     return InlineImages(
         None,
         torch.from_numpy(np.concatenate(vision_positions, axis=1)),
+        torch.from_numpy(np.concatenate(grids, axis=1).astype(np.int64)),
         torch.from_numpy(cu),
         max(counts),
         torch.from_numpy(np.concatenate(token_rows).astype(np.int64)),

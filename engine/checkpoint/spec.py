@@ -23,7 +23,6 @@ from engine.models.head_spec import HeadSpec
 from engine.models.heads import JudgeSpec
 from engine.models.late_interaction import ColbertSpec
 from engine.models.listwise import ListwiseSpec
-from engine.models.qwen2_vl import VisionLanguageConfig
 from engine.models.registry import (
     MODEL_TYPES,
     ModelEntry,
@@ -33,6 +32,7 @@ from engine.models.registry import (
     lookup,
 )
 from engine.models.sparse import SpladeSpec
+from engine.models.vision_language import VisionLanguageConfig
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def interleaved_streams(sections: Sequence[int]) -> list[int]:
     count = len(sections)
     stream = [0] * sum(sections)
     for index in range(1, count):
-        for frequency in range(index, count * sections[index], count):
+        for frequency in range(index, min(count * sections[index], len(stream)), count):
             stream[frequency] = index
     return stream
 

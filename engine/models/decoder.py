@@ -4,6 +4,7 @@ record of switches."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -371,14 +372,18 @@ class DecoderBackbone(Backbone):
         rotary: dict[str, tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         rows: torch.Tensor | None = None,
+        added: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     ) -> torch.Tensor:
-        # token embeddings [num_tokens, hidden] and each layer type's cos, sin -> the residual stream
+        # token embeddings [num_tokens, hidden] and each layer type's cos, sin -> the residual stream;
+        # `added[i]`: (rows, values) added to the stream at those rows after layer i (Qwen3-VL's DeepStack)
         residual = None
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             hidden, residual = layer(
                 hidden, residual, *rotary[layer.layer_type], meta, rows if index == last else None
             )
+            if index < len(added):
+                hidden = hidden.index_add(0, *added[index])
         return hidden + residual
 
     def finish(self, rows: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from engine.checkpoint.sentence_transformers import sentence_transformers_poolin
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.checkpoint.splade import is_m3_folder
 from engine.errors import UnsupportedModel
-from engine.models import bert, clip, decoder
+from engine.models import bert, clip, decoder, vision_language
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
 from engine.models.bge_m3 import M3Spec
@@ -31,9 +31,9 @@ from engine.models.heads import ClassifierSpec, EmbedderSpec, JudgeSpec
 from engine.models.late_interaction import detect_colbert
 from engine.models.listwise import detect_listwise
 from engine.models.modernbert import ModernBertBackbone
-from engine.models.qwen2_vl import VisionLanguageBackbone
 from engine.models.sparse import detect_splade
 from engine.models.token_classifier import detect_token_classifier
+from engine.models.vision_language import VisionLanguageBackbone
 
 if TYPE_CHECKING:
     from engine.checkpoint.folder import Checkpoint
@@ -91,7 +91,7 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 # CLIP and SigLIP: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
-# Qwen2-VL: its decoder over texts that hold images (engine/models/qwen2_vl.py), last token
+# Qwen2-VL and Qwen3-VL: a decoder over texts that hold images (engine/models/vision_language.py), last token
 VISION_LANGUAGE = Family(VisionLanguageBackbone, ("embed",), "last", decoder=True)
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
@@ -124,7 +124,8 @@ MODEL_TYPES: dict[str, ModelType] = {
     "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
     "clip": ModelType(DUAL_ENCODER, "CLIPModel", clip.CLIP),
     "siglip": ModelType(DUAL_ENCODER, "SiglipModel", clip.SIGLIP),
-    "qwen2_vl": ModelType(VISION_LANGUAGE, "Qwen2VLModel", decoder.QWEN2),
+    "qwen2_vl": ModelType(VISION_LANGUAGE, "Qwen2VLModel", vision_language.QWEN2_VL),
+    "qwen3_vl": ModelType(VISION_LANGUAGE, "Qwen3VLModel", vision_language.QWEN3_VL),
 }
 
 

@@ -1,8 +1,10 @@
-"""Qwen2-VL (engine/models/qwen2_vl.py, engine/inline_images.py) against transformers' Qwen2VLModel on a tiny
-random checkpoint: its processor's pixels and grids (api/images.py, any size within its pixel range), and
-the last token's normalized row of texts, of texts holding an image, and of an image alone, in fp32 within
-1e-5, packed together in one batch, through the engine's queue and through two replica processes; a
-sequence whose placeholders do not match its image is refused before it is queued."""
+"""Qwen2-VL and Qwen3-VL (engine/models/vision_language.py, engine/inline_images.py) against transformers'
+Qwen2VLModel and Qwen3VLModel (its learned positions resampled to each grid, DeepStack, interleaved
+M-RoPE) on tiny random checkpoints: the processor's pixels and grids (api/images.py, any size within its
+pixel range), and the last token's normalized row of texts, of texts holding an image, and of an image
+alone, in fp32 within 1e-5, packed together in one batch, through the engine's queue and through two
+replica processes; a sequence whose placeholders do not match its image is refused before it is
+queued."""
 
 import asyncio
 import io
@@ -29,9 +31,9 @@ TOLERANCE = 1e-5
 SIZES = [(50, 70), (90, 40), (20, 30), (200, 260)]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return qwen2_vl_checkpoint(tmp_path_factory.mktemp("qwen2-vl") / "qwen2-vl")
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def checkpoint(request, tmp_path_factory):
+    return qwen2_vl_checkpoint(tmp_path_factory.mktemp(request.param) / request.param, kind=request.param)
 
 
 def random_images(seed: int = 0) -> list[Image.Image]:
@@ -102,7 +104,9 @@ def reference_rows(model, spec, sequences, images):
     for ids, grid in zip(sequences, images):
         inputs = {"input_ids": torch.tensor([ids])}
         if grid is not None:
-            values = normalized(merged_order(grid, spec).reshape(-1, 3, 1, 14 * 14), spec.images)
+            values = normalized(
+                merged_order(grid, spec).reshape(-1, 3, 1, spec.images.patch_size**2), spec.images
+            )
             frames = np.repeat(values, 2, axis=2).reshape(len(values), -1)  # the processor's two copies
             inputs["pixel_values"] = torch.from_numpy(frames)
             inputs["image_grid_thw"] = torch.tensor([[1, *grid.shape[:2]]])
