@@ -114,7 +114,7 @@ def image_sequence(model: ServedModel, grid: np.ndarray, where: str) -> list[int
     start, a placeholder for each merged patch, and its vision end."""
     spec = model.spec
     tokens = spec.images.tokens_of(grid.shape[:2])
-    if spec.input_template is None:
+    if spec.input_layout is None:
         return [0] * tokens
     config = spec.config
     placeholders = [config.image_token_id] * tokens

@@ -121,7 +121,7 @@ class Server:
                 self.config.tokenizer_threads,
                 spec.logit_score.chat_template if spec.logit_score is not None else None,
                 spec.text_padding,
-                spec.input_template,
+                spec.input_layout,
             )
             late = LateInteraction(spec.colbert, encoder.single) if spec.colbert is not None else None
             image_pool = TokenizerPool(self.config.image_threads) if spec.images is not None else None

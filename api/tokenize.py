@@ -16,6 +16,7 @@ from scoring.templates import PairTemplate, SingleTemplate, pair_prompt
 
 if TYPE_CHECKING:
     from engine.checkpoint.cross_encoder import ChatTemplate
+    from engine.checkpoint.spec import InputLayout
 
 # Qwen2's end of text: a vision-language embedder's input ends with it, and is pooled there (gme-Qwen2-VL)
 END_OF_TEXT = "<|endoftext|>"
@@ -54,7 +55,7 @@ class TextEncoder:
         num_threads: int = 1,
         chat_template: ChatTemplate | None = None,
         padding: tuple[int, int] | None = None,
-        input_template: ChatTemplate | None = None,
+        input_layout: InputLayout | None = None,
     ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         # (length, pad id): each text encoded alone is padded to that length (ModelSpec.text_padding)
@@ -68,9 +69,13 @@ class TextEncoder:
         # each text's special tokens: the tokenizer's, or a vision-language embedder's chat layout of it
         self.single = (
             SingleTemplate.from_tokenizer(self.tokenizer)
-            if input_template is None
+            if input_layout is None
             else SingleTemplate.from_chat(
-                input_template.source, input_template.variables, self.tokenizer, END_OF_TEXT
+                input_layout.template.source,
+                input_layout.template.variables,
+                self.tokenizer,
+                END_OF_TEXT,
+                input_layout.system,
             )
         )
         # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template

@@ -66,8 +66,10 @@ def measure_vision_language(
         spec = resolve_model(str(folder))
         layout, config = spec.images, spec.config
         tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
-        template = spec.input_template
-        single = SingleTemplate.from_chat(template.source, template.variables, tokenizer, END_OF_TEXT)
+        template = spec.input_layout.template
+        single = SingleTemplate.from_chat(
+            template.source, template.variables, tokenizer, END_OF_TEXT, spec.input_layout.system
+        )
         started = time.perf_counter()
         grids = [
             patches(pixels(decode(data, ImageLimits(), "input"), layout), layout.patch_size)

@@ -55,14 +55,17 @@ class SingleTemplate:
 
     @classmethod
     def from_chat(
-        cls, source: str, variables: dict[str, Any], tokenizer: Tokenizer, end: str
+        cls, source: str, variables: dict[str, Any], tokenizer: Tokenizer, end: str, system: str | None = None
     ) -> SingleTemplate:
         """A vision-language embedder's layout of one input (gme-Qwen2-VL's): a user turn of it in the
-        chat template (with the template's default system turn), the assistant's prompt, then `end`."""
+        chat template after a system turn of `system` (None: the template's default), the assistant's
+        prompt, then `end`."""
         from scoring.chat_template import render
 
         variables = {**variables, "add_generation_prompt": True}
         messages = [{"role": "user", "content": [{"type": "text", "text": CONTENT_MARK}]}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
         text = render(source, variables, messages, "an input")
         if text.count(CONTENT_MARK) != 1:
             raise TemplateError("the chat template does not lay out a user turn's text once")

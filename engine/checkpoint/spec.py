@@ -38,6 +38,15 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class InputLayout:
+    """A vision-language embedder's layout of each input: a user turn of it in its chat template, after a
+    system turn of `system` (None: the template's own default), then the assistant's prompt."""
+
+    template: ChatTemplate
+    system: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     path: Path  # local folder with config.json and the weights
     name: str  # the id the user gave
@@ -60,8 +69,8 @@ class ModelSpec:
     images: ImageLayout | None = None  # how it takes an image; None: it takes none
     # (length, pad id): every text is padded to that many tokens, as the model was trained (SigLIP)
     text_padding: tuple[int, int] | None = None
-    # a vision-language model's chat template, which lays out each input (text or image) as a user turn
-    input_template: ChatTemplate | None = None
+    # how a vision-language embedder lays out each input (text or image); None: its tokenizer's template
+    input_layout: InputLayout | None = None
 
     # what the head says of the served model
     @property
@@ -172,21 +181,16 @@ def read_spec(
         matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
         images=image_layout(checkpoint, family_config),
         text_padding=text_padding(checkpoint, family_config),
-        input_template=(
-            read_chat_template(
-                name, checkpoint.transformer_dir, "it lays out its inputs with its chat template"
-            )
-            if isinstance(family_config, VisionLanguageConfig)
-            else None
-        ),
+        input_layout=input_layout(checkpoint, family_config),
     )
 
 
-def input_template(checkpoint: Checkpoint, family_config: Any) -> ChatTemplate | None:
+def input_layout(checkpoint: Checkpoint, family_config: Any) -> InputLayout | None:
     if not isinstance(family_config, VisionLanguageConfig):
         return None
     purpose = "it lays out its inputs with its chat template"
-    return read_chat_template(checkpoint.name, checkpoint.transformer_dir, purpose)
+    template = read_chat_template(checkpoint.name, checkpoint.transformer_dir, purpose)
+    return InputLayout(template, family_config.family.instruction)
 
 
 def text_padding(checkpoint: Checkpoint, family_config: Any) -> tuple[int, int] | None:

@@ -53,6 +53,9 @@ class VisionLanguageVariant:
     interleaved_rope: bool  # M-RoPE's streams take turns over the frequencies (else consecutive sections)
     mlp_names: tuple[str, str]  # a vision block's MLP projections
     merger_names: tuple[str, str, str]  # the merger's norm and two projections
+    # the system turn before each input, as its embedders lay them out (None: the chat template's default:
+    # gme-Qwen2-VL's; Qwen3-VL-Embedding's own)
+    instruction: str | None = None
 
 
 QWEN2_VL = VisionLanguageVariant(
@@ -70,6 +73,7 @@ QWEN3_VL = VisionLanguageVariant(
     interleaved_rope=True,
     mlp_names=("mlp.linear_fc1", "mlp.linear_fc2"),
     merger_names=("norm", "linear_fc1", "linear_fc2"),
+    instruction="Represent the user's input.",
 )
 
 

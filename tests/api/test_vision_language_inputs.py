@@ -1,8 +1,9 @@
-"""A vision-language embedder (Qwen2-VL, as gme-Qwen2-VL serves) through HTTP on a tiny random checkpoint:
-each input laid out as gme lays out its own (the chat template's system and user turns, the assistant's
-prompt, then <|endoftext|>, pooled there), an image's placeholder repeated for each token it takes; texts
-and images through OpenAI's `input` parts, Cohere v2's `images` and rerank, each vector within 1e-5 of
-transformers' Qwen2VLModel on that layout and its own image processor; bad inputs are 400s."""
+"""Vision-language embedders (Qwen2-VL as gme-Qwen2-VL serves, Qwen3-VL as Qwen3-VL-Embedding does) through
+HTTP on tiny random checkpoints: each input laid out as they lay out their own (a system turn, the user
+turn of it, the assistant's prompt, then <|endoftext|>, pooled there), an image's placeholder repeated for
+each token it takes; texts and images through OpenAI's `input` parts, Cohere v2's `images`, rerank and
+TEI's /embed, each vector within 1e-5 of transformers' model on that layout and its own image processor;
+bad inputs are 400s."""
 
 import base64
 import io
@@ -20,10 +21,15 @@ from benchmarks.image_checkpoints import qwen2_vl_checkpoint
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs on a beach"]
-GME_LAYOUT = (
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-    "<|im_start|>assistant\n<|endoftext|>"
+# each input as its embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
+# Qwen3-VL-Embedding's (its own instruction)
+LAYOUT = (
+    "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"
 )
+LAYOUTS = {
+    "qwen2_vl": LAYOUT.format("You are a helpful assistant."),
+    "qwen3_vl": LAYOUT.format("Represent the user's input."),
+}
 
 
 def png(height: int, width: int, seed: int) -> bytes:
@@ -40,22 +46,21 @@ def data_uri(data: bytes) -> str:
 IMAGES = [png(50, 70, 1), png(90, 40, 2)]
 
 
-def reference_vectors(model, folder, texts, images):
-    """transformers' last-token rows of gme's layout of each text and each PNG (its processor's pixels)."""
+def reference_vectors(model, folder, texts, images, layout):
+    """transformers' last-token rows of the layout of each text and each PNG (its processor's pixels)."""
     from tokenizers import Tokenizer
     from transformers import AutoImageProcessor
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     processor = AutoImageProcessor.from_pretrained(folder)
     inputs = [
-        {"input_ids": tokenizer.encode(GME_LAYOUT.format(text), add_special_tokens=False).ids}
-        for text in texts
+        {"input_ids": tokenizer.encode(layout.format(text), add_special_tokens=False).ids} for text in texts
     ]
     for data in images:
         pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
         grid = pixels["image_grid_thw"]
         pads = "<|image_pad|>" * int(grid.prod() // 4)
-        text = GME_LAYOUT.format(f"<|vision_start|>{pads}<|vision_end|>")
+        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>")
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         inputs.append({"input_ids": ids, "pixel_values": pixels["pixel_values"], "image_grid_thw": grid})
     rows = []
@@ -68,10 +73,11 @@ def reference_vectors(model, folder, texts, images):
     return torch.stack(rows).numpy()
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    folder, model = qwen2_vl_checkpoint(tmp_path_factory.mktemp("qwen2-vl") / "qwen2-vl")
-    expected = reference_vectors(model, folder, TEXTS, IMAGES)
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def served(request, tmp_path_factory):
+    kind = request.param
+    folder, model = qwen2_vl_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
+    expected = reference_vectors(model, folder, TEXTS, IMAGES, LAYOUTS[kind])
     config = ServerConfig(models=(str(folder),), served_model_names=(("gme",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, expected
