@@ -44,7 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
     parser.add_argument("--backend", default="auto", help="attention backend of the GPU suites")
     parser.add_argument(
-        "--shapes", default=None, help="comma-separated shapes of the families suite (default: all of them)"
+        "--shapes",
+        default=None,
+        help="comma-separated shapes of the families suite, or cases of the images suite (default: all)",
     )
     parser.add_argument(
         "--parts",

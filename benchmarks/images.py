@@ -12,10 +12,10 @@ random weights (CLIP ViT-B/16 and SigLIP base at 224 px), bf16 on both sides, in
   /v2/rerank of a text query against 50 images, one request at a time (p50), each against transformers
   doing the same work from the same PNGs (PIL decode, its image processor, the model; the 50 images and
   the query in one call).
-The qwen2-vl-2b case is a vision-language embedder's (benchmarks/vision_language.py: engine images per
-second against transformers' Qwen2VLModel, and parity). The HTTP cases also record the server's own
-p50s (its timing headers: total, tokenization, which is where images are decoded, queue and inference).
-`--smoke` runs tiny shapes on the CPU."""
+The qwen2-vl-2b and qwen3-vl-2b cases are vision-language embedders' (benchmarks/vision_language.py:
+engine images per second against transformers' own model, and parity). The HTTP cases also record the
+server's own p50s (its timing headers: total, tokenization, which is where images are decoded, queue and
+inference). `--shapes` picks cases; `--smoke` runs tiny shapes on the CPU."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ RERANK_IMAGES = 50
 REFERENCE_BATCH = 32
 MIN_COSINE = 0.995
 SPEEDUP = 3.0  # posy's images per second against transformers' (the issue's target)
-CASES = ("clip-vit-b16", "siglip-base-p16", "qwen2-vl-2b")
+CASES = ("clip-vit-b16", "siglip-base-p16", "qwen2-vl-2b", "qwen3-vl-2b")
 
 
 def png_images(count: int, seed: int) -> list[bytes]:
@@ -279,10 +279,12 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
 
 def run(options: argparse.Namespace) -> SuiteOutcome:
     def measure(case, device: str, gpu: str | None, smoke: bool):
-        if case.startswith("qwen2-vl"):  # a vision-language embedder (benchmarks/vision_language.py)
+        if "-vl-" in case:  # a vision-language embedder (benchmarks/vision_language.py)
             from benchmarks.vision_language import measure_vision_language
 
             return measure_vision_language(case, options, device, gpu, smoke)
         return measure_case(case, options, device, gpu, smoke)
 
-    return run_cases(CASES, str, measure, getattr(options, "smoke", False))
+    shapes = getattr(options, "shapes", None)
+    cases = [case for case in CASES if shapes is None or case in shapes.split(",")]
+    return run_cases(cases, str, measure, getattr(options, "smoke", False))

@@ -1,7 +1,7 @@
-"""The images suite's vision-language case (CUDA): image embeddings of a Qwen2-VL embedder as gme-Qwen2-VL
-lays out its inputs (each image a user turn of its vision tokens in the chat template, then
-<|endoftext|>, pooled there), on real-size random weights of Qwen2-VL-2B (text 1536 x 28 layers, vision
-1280 x 32), bf16 on both sides, in one run: posy's engine as one request against transformers'
+"""The images suite's vision-language cases (CUDA): image embeddings of a Qwen2-VL and a Qwen3-VL embedder
+as gme-Qwen2-VL and Qwen3-VL-Embedding lay out their inputs (each image a user turn of its vision tokens
+in the chat template, then <|endoftext|>, pooled there), on real-size random weights of Qwen2-VL-2B and
+Qwen3-VL-2B (SHAPES), bf16 on both sides, in one run: posy's engine as one request against transformers'
 Qwen2VLModel in batches of REFERENCE_BATCH (right-padded, each image's grid and M-RoPE positions from its
 processor's inputs), images per second and tokens per second (an image's placeholders and layout), and
 the minimum cosine of posy's rows against transformers' fp32 ones. `--smoke` runs a tiny checkpoint on
@@ -25,13 +25,34 @@ NUM_IMAGES, SMOKE_IMAGES = 64, 6
 REFERENCE_BATCH = 8
 MIN_COSINE = 0.99
 SPEEDUP = 3.0
-# Qwen2-VL-2B's shapes; gme-Qwen2-VL's image range (256 to 1280 tokens an image)
-TEXT_2B = {
-    "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-    "num_key_value_heads": 2, "max_position_embeddings": 32768,
+# (kind, text, vision, M-RoPE sections, pixel range): Qwen2-VL-2B's shapes with gme-Qwen2-VL's image range
+# (256 to 1280 tokens an image), Qwen3-VL-2B's with the same token range
+SHAPES = {
+    "qwen2-vl-2b": (
+        "qwen2_vl",
+        {
+            "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+            "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+        },
+        {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4},
+        [16, 24, 24],
+        (256 * 28 * 28, 1280 * 28 * 28),
+    ),
+    "qwen3-vl-2b": (
+        "qwen3_vl",
+        {
+            "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+        },
+        {
+            "depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
+            "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
+            "hidden_act": "gelu_pytorch_tanh",
+        },
+        [24, 20, 20],
+        (256 * 32 * 32, 1280 * 32 * 32),
+    ),
 }  # fmt: skip
-VISION_2B = {"depth": 32, "embed_dim": 1280, "num_heads": 16, "mlp_ratio": 4}
-PIXEL_RANGE_2B = (256 * 28 * 28, 1280 * 28 * 28)
 
 
 def measure_vision_language(
@@ -57,11 +78,12 @@ def measure_vision_language(
     dtype = torch.float32 if smoke else torch.bfloat16
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory) / case
+        kind, text, vision, sections, pixel_range = SHAPES[case]
         if smoke:
-            folder, reference = qwen2_vl_checkpoint(folder)
+            folder, reference = qwen2_vl_checkpoint(folder, kind=kind)
         else:
             folder, reference = qwen2_vl_checkpoint(
-                folder, TEXT_2B, VISION_2B, [16, 24, 24], PIXEL_RANGE_2B, std=0.02, dtype=torch.bfloat16
+                folder, text, vision, sections, pixel_range, std=0.02, dtype=torch.bfloat16, kind=kind
             )
         spec = resolve_model(str(folder))
         layout, config = spec.images, spec.config

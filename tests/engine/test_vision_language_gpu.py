@@ -1,7 +1,8 @@
-"""Qwen2-VL on CUDA in bf16 against transformers' fp32: decoder heads of 128 (the GPU backends
-run them) and vision heads of 80, as Qwen2-VL-2B has (no FlashInfer module: torch's attention runs the
-vision tower); texts alone through CUDA graphs (each request run eagerly, then captured, then replayed),
-texts holding images and images alone eagerly; each row at cosine >= 0.999."""
+"""Qwen2-VL and Qwen3-VL on CUDA in bf16 against transformers' fp32: decoder heads of 128 (the GPU
+backends run them); Qwen2-VL's vision heads of 80, as Qwen2-VL-2B has (no FlashInfer module: torch's
+attention runs its vision tower), Qwen3-VL's of 64 (its position table and DeepStack); texts alone
+through CUDA graphs (each request run eagerly, then captured, then replayed), texts holding images and
+images alone eagerly; each row at cosine >= 0.999."""
 
 import asyncio
 
@@ -21,11 +22,22 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 TEXT = {**TINY_QWEN2_VL_TEXT, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
-VISION = {"depth": 2, "embed_dim": 160, "num_heads": 2, "mlp_ratio": 2}
+KINDS = {
+    "qwen2_vl": ({"depth": 2, "embed_dim": 160, "num_heads": 2, "mlp_ratio": 2}, [16, 24, 24]),
+    "qwen3_vl": (
+        {
+            "depth": 2, "hidden_size": 128, "intermediate_size": 256, "num_heads": 2,
+            "num_position_embeddings": 16, "deepstack_visual_indexes": [0], "hidden_act": "gelu_pytorch_tanh",
+        },
+        [24, 20, 20],
+    ),
+}  # fmt: skip
 
 
-def test_texts_through_graphs_and_images_match_fp32(tmp_path):
-    folder, model = qwen2_vl_checkpoint(tmp_path / "qwen2-vl", TEXT, VISION, [16, 24, 24], std=0.05)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
+    vision, sections = KINDS[kind]
+    folder, model = qwen2_vl_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
     spec = resolve_model(str(folder))
     tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
     sequences, images = sequences_of(spec, tokenizer, grids(spec))
