@@ -1,7 +1,8 @@
-"""Inputs that are texts or images, as the embeddings routes take them (OpenAI's `input` parts and
-`messages` as vLLM takes them, Cohere v2's `images` and `inputs`): each one a vector. Texts are tokenized,
-images decoded and made into patches on the model's image threads; an image's sequence is a placeholder of the
-tokens it takes, so that budgets and admission count it, and its patches ride along (RowRequest.images)."""
+"""Inputs that are texts or images, as the embeddings routes take them (OpenAI's `input` parts as vLLM takes
+them, Cohere v2's `images` and `inputs`): each one a vector; a vision-language model's input may also fuse
+an image and texts (Cohere v2's input of several content parts). Texts are tokenized, images decoded and
+made into patches on the model's image threads; an image's sequence is a placeholder of the tokens it
+takes, so that budgets and admission count it, and its patches ride along (RowRequest.images)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,15 @@ class ImageInput:
     param: str  # where the request named it, for errors ("input[3]")
 
 
-Item = str | ImageInput
+@dataclass(frozen=True, slots=True)
+class FusedInput:
+    """Content parts embedded as one vector, in order: a vision-language model's image beside its texts."""
+
+    parts: tuple[str | ImageInput, ...]
+    param: str  # where the request named it ("inputs[2]")
+
+
+Item = str | ImageInput | FusedInput
 
 
 def content_item(part: Any, where: str) -> Item:
@@ -43,6 +52,15 @@ def content_item(part: Any, where: str) -> Item:
         '{"url": "data:image/png;base64,..."}}',
         where.split("[")[0],
     )
+
+
+def content_parts(parts: Any, where: str) -> Item:
+    """An input given as a list of content parts: one part, a text or an image; or several, fused into one
+    vector (a vision-language model's: embed_items refuses them for other models)."""
+    if not isinstance(parts, list) or not parts:
+        raise InvalidInput(f"{where} must have a non-empty list of content parts", where.split("[")[0])
+    items = [content_item(part, where) for part in parts]
+    return items[0] if len(items) == 1 else FusedInput(tuple(items), where)  # type: ignore[arg-type]
 
 
 def single_part(parts: Any, where: str) -> Item:
@@ -70,14 +88,22 @@ async def embed_items(
     """Each item's vector, in order, and the tokens the model ran (an image's count as the tokens it
     takes); texts are prompted, then tokenized and limited as the route says."""
     layout = model.spec.images
-    positions = [index for index, item in enumerate(items) if isinstance(item, ImageInput)]
-    if positions and layout is None:
-        first = items[positions[0]]
+    images = [
+        (index, image)
+        for index, item in enumerate(items)
+        for image in (item.parts if isinstance(item, FusedInput) else (item,))
+        if isinstance(image, ImageInput)
+    ]
+    if images and layout is None:
+        first = images[0][1]
         raise InvalidInput(
             f"{first.param} is an image, and the model '{model.name}' embeds text only: images need an image "
-            "model (CLIP, SigLIP, Qwen2-VL)",
+            "model (CLIP, SigLIP, Qwen2-VL, Qwen3-VL)",
             first.param.split("[")[0],
         )
+    fused = [item for item in items if isinstance(item, FusedInput)]
+    for item in fused:
+        check_fused(model, item)
     texts = [prompt + item for item in items if isinstance(item, str)]
     encoder = model.encoder
     sequences: list[Sequence[int]] = [[]] * len(items)
@@ -89,40 +115,75 @@ async def embed_items(
             if isinstance(item, str):
                 sequences[index] = next(encoded)
     rows = model.rows(EMBED)
-    if positions:
-        images: list[ImageInput] = [items[index] for index in positions]  # type: ignore[misc]
+    grids: list[np.ndarray | None] = [None] * len(items)
+    if images:
 
         def work(part: Sequence[str], first: int) -> list[np.ndarray]:
             return [
-                image_patches(source, layout, limits, images[first + offset].param)
+                image_patches(source, layout, limits, images[first + offset][1].param)
                 for offset, source in enumerate(part)
             ]
 
-        sources = [image.source for image in images]
+        sources = [image.source for _, image in images]
         decoded = await guard.tokenized(decode_all(model.image_pool, work, sources))
-        grids: list[np.ndarray | None] = [None] * len(items)
-        for index, image, grid in zip(positions, images, decoded):
-            grids[index], sequences[index] = grid, image_sequence(model, grid, image.param)
+        for (index, image), grid in zip(images, decoded):
+            grids[index] = grid
+            if not isinstance(items[index], FusedInput):
+                sequences[index] = image_sequence(model, grid, image.param)
         rows = dataclasses.replace(rows, images=grids)
+    if fused:
+        pieces = [part for item in fused for part in item.parts if isinstance(part, str)]
+        ids = iter(await guard.tokenized(encoder.content_ids_off_loop(pieces, guard, encoder.window)))
+        for index, item in enumerate(items):
+            if isinstance(item, FusedInput):
+                content = [
+                    token
+                    for part in item.parts
+                    for token in (next(ids) if isinstance(part, str) else vision_ids(model, grids[index]))
+                ]
+                sequences[index] = laid_out(model, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
     return vectors, sum(map(len, sequences))
 
 
+def check_fused(model: ServedModel, item: FusedInput) -> None:
+    """A fused input is a vision-language model's, of one image at most (beside its texts)."""
+    param = item.param.split("[")[0]
+    if model.spec.input_layout is None:
+        raise InvalidInput(
+            f"{item.param} fuses {len(item.parts)} content parts into one vector, which only a "
+            f"vision-language model does (Qwen2-VL, Qwen3-VL): the model '{model.name}' embeds each part "
+            "alone, send each as an input of its own",
+            param,
+        )
+    count = sum(isinstance(part, ImageInput) for part in item.parts)
+    if count > 1:
+        raise InvalidInput(f"{item.param} holds {count} images: a fused input holds one", param)
+
+
 def image_sequence(model: ServedModel, grid: np.ndarray, where: str) -> list[int]:
     """The token ids of an image of this grid of patches: a dual encoder's placeholder, a token for each
-    (the class token's too); a vision-language model's input layout (TextEncoder.single) of its vision
-    start, a placeholder for each merged patch, and its vision end."""
+    (the class token's too); a vision-language model's input layout of the image's vision tokens."""
     spec = model.spec
-    tokens = spec.images.tokens_of(grid.shape[:2])
     if spec.input_layout is None:
-        return [0] * tokens
-    config = spec.config
-    placeholders = [config.image_token_id] * tokens
-    ids = model.encoder.single.apply([config.vision_start, *placeholders, config.vision_end])
-    if len(ids) > spec.max_seq_length:
+        return [0] * spec.images.tokens_of(grid.shape[:2])
+    return laid_out(model, vision_ids(model, grid), where)
+
+
+def vision_ids(model: ServedModel, grid: np.ndarray) -> list[int]:
+    """A vision-language model's image: its vision start, a placeholder for each merged patch, its end."""
+    config = model.spec.config
+    placeholders = [config.image_token_id] * model.spec.images.tokens_of(grid.shape[:2])
+    return [config.vision_start, *placeholders, config.vision_end]
+
+
+def laid_out(model: ServedModel, content: list[int], where: str) -> list[int]:
+    """An input's content in the model's input layout (TextEncoder.single), within its window."""
+    ids = model.encoder.single.apply(content)
+    window = model.spec.max_seq_length
+    if len(ids) > window:
         raise InvalidInput(
-            f"{where}: an image of {grid.shape[0] * grid.shape[1]} patches takes {len(ids)} tokens, more "
-            f"than the model's window of {spec.max_seq_length}",
+            f"{where} takes {len(ids)} tokens as the model lays it out, more than its window of {window}",
             where.split("[")[0],
         )
     return ids

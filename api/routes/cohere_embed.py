@@ -13,7 +13,7 @@ from api.body import decode_body
 from api.encoding import check_dimensions, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
-from api.image_inputs import ImageInput, Item, embed_items, single_part
+from api.image_inputs import ImageInput, Item, content_parts, embed_items
 from api.inputs import check_texts
 from api.models import EMBED
 from api.prompts import select_prompt
@@ -84,7 +84,8 @@ def _field(embedding_type: str) -> str:
 
 def embed_items_of(data: EmbedRequest) -> tuple[list[Item], str]:
     """The request's inputs, in order, and the field that gave them: `texts`, `images` (data URIs) or
-    `inputs` (each one content part, a text or an image: a dual encoder embeds each alone)."""
+    `inputs` (each of content parts: one, a text or an image; several, fused, for a vision-language
+    model)."""
     given = [
         (name, value)
         for name, value in (("texts", data.texts), ("images", data.images), ("inputs", data.inputs))
@@ -105,5 +106,5 @@ def embed_items_of(data: EmbedRequest) -> tuple[list[Item], str]:
     items = []
     for index, item in enumerate(values):
         where = f"inputs[{index}]"
-        items.append(single_part(item.get("content") if isinstance(item, dict) else None, where))
+        items.append(content_parts(item.get("content") if isinstance(item, dict) else None, where))
     return items, param

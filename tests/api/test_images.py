@@ -267,6 +267,21 @@ def test_rerank_of_an_image_query(served):
         assert response.status_code == 400 and needle in response.json()["message"], response.text
 
 
+def test_a_dual_encoder_refuses_fused_inputs(served):
+    client, name, _, _ = served
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}, {"type": "text", "text": "a"}]
+    body = {
+        "model": name,
+        "inputs": [{"content": parts}],
+        "input_type": "image",
+        "embedding_types": ["float"],
+    }
+    response = client.post("/v2/embed", json=body)
+    assert response.status_code == 400 and "embeds each part alone" in response.json()["message"], (
+        response.text
+    )
+
+
 def test_a_text_ranker_refuses_image_documents(client):
     documents = ["a", {"image": data_uri(IMAGES[0])}]
     response = client.post("/v2/rerank", json={"query": "q", "documents": documents})

@@ -47,7 +47,8 @@ IMAGES = [png(50, 70, 1), png(90, 40, 2)]
 
 
 def reference_vectors(model, folder, texts, images, layout):
-    """transformers' last-token rows of the layout of each text and each PNG (its processor's pixels)."""
+    """transformers' last-token rows of the layout of each text, each PNG (its processor's pixels), then
+    of the first PNG fused with the first text (the image, then the text, in one user turn)."""
     from tokenizers import Tokenizer
     from transformers import AutoImageProcessor
 
@@ -56,11 +57,11 @@ def reference_vectors(model, folder, texts, images, layout):
     inputs = [
         {"input_ids": tokenizer.encode(layout.format(text), add_special_tokens=False).ids} for text in texts
     ]
-    for data in images:
+    for data, after in [*((data, "") for data in images), (images[0], texts[0])]:
         pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
         grid = pixels["image_grid_thw"]
         pads = "<|image_pad|>" * int(grid.prod() // 4)
-        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>")
+        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>{after}")
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         inputs.append({"input_ids": ids, "pixel_values": pixels["pixel_values"], "image_grid_thw": grid})
     rows = []
@@ -100,13 +101,29 @@ def test_texts_and_images_as_gme_lays_them_out(served):
     body = {"model": "gme", "images": [data_uri(data) for data in IMAGES], "input_type": "image"}
     response = client.post("/v2/embed", json={**body, "embedding_types": ["float"]})
     assert response.status_code == 200, response.text
-    np.testing.assert_allclose(response.json()["embeddings"]["float"], expected[2:], atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(response.json()["embeddings"]["float"], expected[2:4], atol=TOLERANCE, rtol=0)
     documents = [{"image": data_uri(IMAGES[0])}, TEXTS[1], {"image": data_uri(IMAGES[1])}]
     response = client.post("/v2/rerank", json={"model": "gme", "query": TEXTS[0], "documents": documents})
     assert response.status_code == 200, response.text
     got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
     scores = (1 + expected[[2, 1, 3]] @ expected[0]) / 2
     np.testing.assert_allclose([got[index] for index in range(3)], scores, atol=TOLERANCE, rtol=0)
+
+
+def test_an_image_and_a_text_fused_into_one_vector(served):
+    """Cohere v2's input of several content parts: one vector of the image, then the text, in one turn."""
+    client, expected = served
+    image = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
+    inputs = [{"content": [image, {"type": "text", "text": TEXTS[0]}]}, {"content": [image]}]
+    body = {"model": "gme", "inputs": inputs, "input_type": "search_document", "embedding_types": ["float"]}
+    response = client.post("/v2/embed", json=body)
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(
+        response.json()["embeddings"]["float"], expected[[4, 2]], atol=TOLERANCE, rtol=0
+    )
+    twice = {"content": [image, image]}
+    response = client.post("/v2/embed", json={**body, "inputs": [twice]})
+    assert response.status_code == 400 and "holds 2 images" in response.json()["message"], response.text
 
 
 def test_texts_alone_are_laid_out_alike_on_every_route(served):
