@@ -200,3 +200,44 @@ def qwen2_vl_checkpoint(
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL_CHAT_TEMPLATE}))
     return folder, model
+
+
+# each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
+# Qwen3-VL-Embedding's (its own instruction), <|endoftext|> pooled
+EMBEDDER_LAYOUT = (
+    "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"
+)
+EMBEDDER_LAYOUTS = {
+    "qwen2_vl": EMBEDDER_LAYOUT.format("You are a helpful assistant."),
+    "qwen3_vl": EMBEDDER_LAYOUT.format("Represent the user's input."),
+}
+
+
+def embedder_vectors(model, folder: Path, layout: str, texts=(), images=(), fused=()):
+    """transformers' normalized last-token rows of `layout` (EMBEDDER_LAYOUTS) around each text, each PNG
+    (its processor's pixels and grid, a placeholder for each merged patch) and each (PNG, text) of
+    `fused` (the image, then the text, in one user turn), in that order."""
+    import io
+
+    import torch.nn.functional as F
+    from PIL import Image
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = AutoImageProcessor.from_pretrained(folder)
+    inputs = [{"text": layout.format(text)} for text in texts]
+    for data, after in [*((data, "") for data in images), *fused]:
+        pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+        grid = pixels["image_grid_thw"]
+        pads = "<|image_pad|>" * int(grid.prod() // 4)
+        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>{after}")
+        inputs.append({"text": text, "pixel_values": pixels["pixel_values"], "image_grid_thw": grid})
+    rows = []
+    for one in inputs:
+        ids = torch.tensor([tokenizer.encode(one.pop("text"), add_special_tokens=False).ids])
+        if one:
+            one["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+        with torch.inference_mode():
+            rows.append(F.normalize(model.model(input_ids=ids, **one).last_hidden_state[0, -1], dim=-1))
+    return torch.stack(rows).numpy()

@@ -946,6 +946,24 @@ SIGLIP = Family(
 )
 DUAL_ENCODERS = [CLIP, SIGLIP]
 
+
+def build_vision_language(folder: Path, kind: str) -> nn.Module:
+    """A tiny random Qwen2-VL or Qwen3-VL (benchmarks/image_checkpoints.py), with its chat template and
+    processor."""
+    from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+
+    return qwen2_vl_checkpoint(folder, kind=kind)[1]
+
+
+# vision-language embedders: texts and images in their embedders' layout (their own tests)
+QWEN2_VL = Family(
+    "tiny-qwen2-vl", "Alibaba-NLP/gme-Qwen2-VL-2B-Instruct", partial(build_vision_language, kind="qwen2_vl")
+)
+QWEN3_VL = Family(
+    "tiny-qwen3-vl", "Qwen/Qwen3-VL-Embedding-2B", partial(build_vision_language, kind="qwen3_vl")
+)
+VISION_LANGUAGE = {"qwen2_vl": QWEN2_VL, "qwen3_vl": QWEN3_VL}
+
 EMBEDDERS = [
     BGE_M3,
     QWEN3_EMBEDDING,

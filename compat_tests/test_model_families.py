@@ -37,6 +37,7 @@ from .families import (
     QWEN3_EMBEDDING_PROMPTS,
     QWEN3_RERANKER,
     SIGLIP,
+    VISION_LANGUAGE,
     Family,
     build_gpt2,
     judge_probability,
@@ -58,7 +59,10 @@ DOCUMENTS = [
 CUSTOM_INSTRUCTION = "Given a product question, find the customer review that answers it"
 UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
 # what the one server serves: every generic family, and the families with tests of their own
-SERVED = [*EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER, *DUAL_ENCODERS]
+SERVED = [
+    *EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER, *DUAL_ENCODERS,
+    *VISION_LANGUAGE.values(),
+]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -231,12 +235,27 @@ def test_models_list_describes_the_family(serve, family, tasks, matryoshka):
     assert model["max_model_len"] == MAX_POSITIONS
 
 
+def random_pngs(sizes, seed: int) -> tuple[list[bytes], list[str]]:
+    """Random RGB PNGs of these (height, width) sizes, and their data URIs."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pngs = []
+    for height, width in sizes:
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+        pngs.append(buffer.getvalue())
+    return pngs, [f"data:image/png;base64,{base64.b64encode(data).decode()}" for data in pngs]
+
+
 @pytest.mark.parametrize("family", family_ids(DUAL_ENCODERS))
 def test_image_models_embed_texts_and_images_through_the_sdks(serve, family):
     """The OpenAI SDK's texts and image parts, and Cohere v2's images, on the one server beside the text
     families: each text the reference's text vector (SigLIP's padded to its window, as its processor
     pads), each image its image vector, from the PNG sent."""
-    import base64
     import io
 
     import torch
@@ -245,13 +264,7 @@ def test_image_models_embed_texts_and_images_through_the_sdks(serve, family):
 
     served = serve(family)
     text_config = served.reference.config.text_config
-    rng = np.random.default_rng(0)
-    pngs = []
-    for height, width in ((40, 56), (64, 30)):
-        buffer = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
-        pngs.append(buffer.getvalue())
-    uris = [f"data:image/png;base64,{base64.b64encode(data).decode()}" for data in pngs]
+    pngs, uris = random_pngs(((40, 56), (64, 30)), seed=0)
     processor = AutoImageProcessor.from_pretrained(served.folder)
     pixels = processor(images=[Image.open(io.BytesIO(data)) for data in pngs], return_tensors="pt")
     with torch.inference_mode():
@@ -276,6 +289,28 @@ def test_image_models_embed_texts_and_images_through_the_sdks(serve, family):
     with cohere_client(cohere.ClientV2, served.url, timeout=60.0) as client:
         response = client.embed(model=family.id, input_type="image", images=uris, embedding_types=["float"])
     for ours, theirs in zip(response.embeddings.float_, expected_images, strict=True):
+        assert cosine(np.asarray(ours, dtype=np.float32), theirs) >= SAME_VECTOR
+
+
+@pytest.mark.parametrize("kind", list(VISION_LANGUAGE))
+def test_vision_language_embedders_through_the_sdks(serve, kind):
+    """gme-Qwen2-VL's and Qwen3-VL-Embedding's layouts of texts and images, through the OpenAI and Cohere
+    SDKs, are transformers' vectors of them."""
+    from benchmarks.image_checkpoints import EMBEDDER_LAYOUTS, embedder_vectors
+
+    family = VISION_LANGUAGE[kind]
+    served = serve(family)
+    pngs, uris = random_pngs(((60, 90), (100, 50)), seed=1)
+    layout = EMBEDDER_LAYOUTS[kind]
+    text, *images = embedder_vectors(served.reference, served.folder, layout, TEXTS[:1], pngs)
+    parts = [{"type": "image_url", "image_url": {"url": uris[0]}}, TEXTS[0]]
+    with openai_client(served) as client:
+        response = client.embeddings.create(model=family.id, input=parts)
+    for ours, theirs in zip(vectors(response), [images[0], text], strict=True):
+        assert cosine(ours, theirs) >= SAME_VECTOR
+    with cohere_client(cohere.ClientV2, served.url, timeout=60.0) as client:
+        response = client.embed(model=family.id, input_type="image", images=uris, embedding_types=["float"])
+    for ours, theirs in zip(response.embeddings.float_, images, strict=True):
         assert cosine(np.asarray(ours, dtype=np.float32), theirs) >= SAME_VECTOR
 
 

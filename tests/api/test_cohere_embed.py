@@ -93,7 +93,7 @@ def test_output_dimension_and_max_tokens(client):
         ({"texts": ["ok"], "input_type": "image"}, "input_type"),
         ({"images": ["data:image/png;base64,AAAA"]}, "text only"),
         ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "inputs[0]"),
-        ({"inputs": [{"content": [{"type": "text", "text": "a"}] * 2}]}, "one part"),
+        ({"inputs": [{"content": [{"type": "text", "text": "a"}] * 2}]}, "embeds each part alone"),
         ({"inputs": [{"content": [{"type": "text", "text": ""}]}]}, "inputs[0]"),
         ({"inputs": []}, "inputs"),
         ({"texts": ["ok"], "inputs": [{"content": [{"type": "text", "text": "a"}]}]}, "one of texts"),

@@ -10,26 +10,15 @@ import io
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 from litestar.testing import TestClient
 from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+from benchmarks.image_checkpoints import EMBEDDER_LAYOUTS, embedder_vectors, qwen2_vl_checkpoint
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs on a beach"]
-# each input as its embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
-# Qwen3-VL-Embedding's (its own instruction)
-LAYOUT = (
-    "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"
-)
-LAYOUTS = {
-    "qwen2_vl": LAYOUT.format("You are a helpful assistant."),
-    "qwen3_vl": LAYOUT.format("Represent the user's input."),
-}
 
 
 def png(height: int, width: int, seed: int) -> bytes:
@@ -46,39 +35,12 @@ def data_uri(data: bytes) -> str:
 IMAGES = [png(50, 70, 1), png(90, 40, 2)]
 
 
-def reference_vectors(model, folder, texts, images, layout):
-    """transformers' last-token rows of the layout of each text, each PNG (its processor's pixels), then
-    of the first PNG fused with the first text (the image, then the text, in one user turn)."""
-    from tokenizers import Tokenizer
-    from transformers import AutoImageProcessor
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    processor = AutoImageProcessor.from_pretrained(folder)
-    inputs = [
-        {"input_ids": tokenizer.encode(layout.format(text), add_special_tokens=False).ids} for text in texts
-    ]
-    for data, after in [*((data, "") for data in images), (images[0], texts[0])]:
-        pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
-        grid = pixels["image_grid_thw"]
-        pads = "<|image_pad|>" * int(grid.prod() // 4)
-        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>{after}")
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
-        inputs.append({"input_ids": ids, "pixel_values": pixels["pixel_values"], "image_grid_thw": grid})
-    rows = []
-    for one in inputs:
-        ids = torch.tensor([one.pop("input_ids")])
-        if one:
-            one["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
-        with torch.inference_mode():
-            rows.append(F.normalize(model.model(input_ids=ids, **one).last_hidden_state[0, -1], dim=-1))
-    return torch.stack(rows).numpy()
-
-
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(scope="module", params=list(EMBEDDER_LAYOUTS))
 def served(request, tmp_path_factory):
     kind = request.param
     folder, model = qwen2_vl_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
-    expected = reference_vectors(model, folder, TEXTS, IMAGES, LAYOUTS[kind])
+    layout = EMBEDDER_LAYOUTS[kind]
+    expected = embedder_vectors(model, folder, layout, TEXTS, IMAGES, [(IMAGES[0], TEXTS[0])])
     config = ServerConfig(models=(str(folder),), served_model_names=(("gme",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, expected
