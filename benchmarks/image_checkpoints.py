@@ -147,7 +147,7 @@ TINY_QWEN3_VL_VISION = {
 }  # fmt: skip
 
 
-def qwen2_vl_checkpoint(
+def vision_language_checkpoint(
     folder: Path,
     text=TINY_QWEN2_VL_TEXT,
     vision=None,

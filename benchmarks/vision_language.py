@@ -64,7 +64,7 @@ def measure_vision_language(
 
     from api.images import ImageLimits, decode, normalized, patches, pixels
     from api.tokenize import END_OF_TEXT
-    from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+    from benchmarks.image_checkpoints import vision_language_checkpoint
     from benchmarks.images import png_images
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
@@ -80,9 +80,9 @@ def measure_vision_language(
         folder = Path(directory) / case
         kind, text, vision, sections, pixel_range = SHAPES[case]
         if smoke:
-            folder, reference = qwen2_vl_checkpoint(folder, kind=kind)
+            folder, reference = vision_language_checkpoint(folder, kind=kind)
         else:
-            folder, reference = qwen2_vl_checkpoint(
+            folder, reference = vision_language_checkpoint(
                 folder, text, vision, sections, pixel_range, std=0.02, dtype=torch.bfloat16, kind=kind
             )
         spec = resolve_model(str(folder))

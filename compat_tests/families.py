@@ -950,9 +950,9 @@ DUAL_ENCODERS = [CLIP, SIGLIP]
 def build_vision_language(folder: Path, kind: str) -> nn.Module:
     """A tiny random Qwen2-VL or Qwen3-VL (benchmarks/image_checkpoints.py), with its chat template and
     processor."""
-    from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+    from benchmarks.image_checkpoints import vision_language_checkpoint
 
-    return qwen2_vl_checkpoint(folder, kind=kind)[1]
+    return vision_language_checkpoint(folder, kind=kind)[1]
 
 
 # vision-language embedders: texts and images in their embedders' layout (their own tests)

@@ -15,7 +15,7 @@ from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import EMBEDDER_LAYOUTS, embedder_vectors, qwen2_vl_checkpoint
+from benchmarks.image_checkpoints import EMBEDDER_LAYOUTS, embedder_vectors, vision_language_checkpoint
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs on a beach"]
@@ -38,7 +38,7 @@ IMAGES = [png(50, 70, 1), png(90, 40, 2)]
 @pytest.fixture(scope="module", params=list(EMBEDDER_LAYOUTS))
 def served(request, tmp_path_factory):
     kind = request.param
-    folder, model = qwen2_vl_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
+    folder, model = vision_language_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
     layout = EMBEDDER_LAYOUTS[kind]
     expected = embedder_vectors(model, folder, layout, TEXTS, IMAGES, [(IMAGES[0], TEXTS[0])])
     config = ServerConfig(models=(str(folder),), served_model_names=(("gme",),), tokenizer_threads=2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from benchmarks.image_checkpoints import TINY_QWEN2_VL_TEXT, qwen2_vl_checkpoint
+from benchmarks.image_checkpoints import TINY_QWEN2_VL_TEXT, vision_language_checkpoint
 from engine.build import build_engine
 from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
@@ -37,7 +37,7 @@ KINDS = {
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
     vision, sections = KINDS[kind]
-    folder, model = qwen2_vl_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
+    folder, model = vision_language_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
     spec = resolve_model(str(folder))
     tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
     sequences, images = sequences_of(spec, tokenizer, grids(spec))

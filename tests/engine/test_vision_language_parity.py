@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from api.images import ImageLimits, decode, normalized, patches, pixels
-from benchmarks.image_checkpoints import qwen2_vl_checkpoint
+from benchmarks.image_checkpoints import vision_language_checkpoint
 from engine.attention import select_backend
 from engine.batch import pack
 from engine.build import build_engine
@@ -33,7 +33,8 @@ SIZES = [(50, 70), (90, 40), (20, 30), (200, 260)]
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
 def checkpoint(request, tmp_path_factory):
-    return qwen2_vl_checkpoint(tmp_path_factory.mktemp(request.param) / request.param, kind=request.param)
+    kind = request.param
+    return vision_language_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
 
 
 def random_images(seed: int = 0) -> list[Image.Image]:
