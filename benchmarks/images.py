@@ -40,6 +40,18 @@ SPEEDUP = 3.0  # posy's images per second against transformers' (the issue's tar
 CASES = ("clip-vit-b16", "siglip-base-p16", "qwen2-vl-2b", "qwen3-vl-2b")
 
 
+def serving_config(device: str, dtype, backend: str):
+    """The engine config of a suite's engine: the batch size `posy serve` takes on this device (16k tokens
+    on a GPU: 83 images of 197)."""
+    from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
+
+    max_batch_tokens = default_max_batch_tokens(device)
+    return EngineConfig(
+        device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=backend,
+        max_batch_tokens=max_batch_tokens, max_queue_tokens=QUEUE_BATCHES * max_batch_tokens,
+    )  # fmt: skip
+
+
 def png_images(count: int, seed: int) -> list[bytes]:
     """Random photos-sized PNGs (320x240 to 640x480), as a client sends them."""
     from PIL import Image
@@ -77,7 +89,6 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
     from api.images import ImageLimits, decode, normalized, patches, pixels
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
-    from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
     from engine.outputs import RowRequest
 
     count = SMOKE_IMAGES if smoke else NUM_IMAGES
@@ -92,13 +103,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         preprocess_s = time.perf_counter() - started
         image_patches = [patches(value, layout.patch_size) for value in values]
         dtype = torch.float32 if smoke else torch.bfloat16
-        # the batch size `posy serve` takes on this device (16k tokens: 83 images of 197 on a GPU)
-        max_batch_tokens = default_max_batch_tokens(device)
-        config = EngineConfig(
-            device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend,
-            max_batch_tokens=max_batch_tokens, max_queue_tokens=QUEUE_BATCHES * max_batch_tokens,
-        )  # fmt: skip
-        engine = build_engine(spec, config)
+        engine = build_engine(spec, serving_config(device, dtype, options.backend))
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
         placeholder = [0] * layout.num_tokens
         query = [5, 6, 7, 8, 9, 10, 11, 12]

@@ -65,10 +65,9 @@ def measure_vision_language(
     from api.images import ImageLimits, decode, normalized, patches, pixels
     from api.tokenize import END_OF_TEXT
     from benchmarks.image_checkpoints import vision_language_checkpoint
-    from benchmarks.images import png_images
+    from benchmarks.images import png_images, serving_config
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
-    from engine.config import QUEUE_BATCHES, EngineConfig, default_max_batch_tokens
     from engine.inline_images import inline_images
     from engine.outputs import RowRequest
     from scoring.templates import SingleTemplate
@@ -108,12 +107,7 @@ def measure_vision_language(
             )
             for g in grids
         ]
-        max_batch_tokens = default_max_batch_tokens(device)
-        engine_config = EngineConfig(
-            device=device, dtype=str(dtype).removeprefix("torch."), attention_backend=options.backend,
-            max_batch_tokens=max_batch_tokens, max_queue_tokens=QUEUE_BATCHES * max_batch_tokens,
-        )  # fmt: skip
-        engine = build_engine(spec, engine_config)
+        engine = build_engine(spec, serving_config(device, dtype, options.backend))
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
         loop = asyncio.new_event_loop()
 

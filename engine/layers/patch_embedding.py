@@ -29,20 +29,24 @@ class PatchEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(hidden_size, *shape))
         self.bias = nn.Parameter(torch.empty(hidden_size)) if bias else None
         self.affine = affine
-        # [patch_dim] float32 each: a pixel's scale and shift by its channel (filled by `reset_affine`)
+        # [patch_dim] float32 each: a pixel's scale and shift by its channel; and the [hidden, patch_dim]
+        # projection of one frame (filled by `prepare`)
         patch_dim = channels * patch_size * patch_size
         self.register_buffer("scale", torch.empty(patch_dim), persistent=False)
         self.register_buffer("shift", torch.empty(patch_dim), persistent=False)
+        self.projection: torch.Tensor | None = None
 
-    def reset_affine(self) -> None:
-        """The scale and shift, float32 on the weight's device (after the model is on it and in its dtype)."""
+    def prepare(self) -> None:
+        """Once the weights are loaded (on the device, in the model's dtype): the scale and shift in float32,
+        and the projection, its frames summed in float32."""
         per_channel = self.weight.shape[-1] * self.weight.shape[-2]
         for name, values in zip(("scale", "shift"), self.affine):
             column = torch.tensor(values, dtype=torch.float32).repeat_interleave(per_channel)
             setattr(self, name, column.to(self.weight.device))
+        weight = self.weight if self.weight.dim() == 4 else self.weight.float().sum(2).to(self.weight.dtype)
+        self.projection = weight.flatten(1)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         # [num_patches, channels * patch * patch] uint8 -> [num_patches, hidden]
         values = torch.addcmul(self.shift, pixels.float(), self.scale)
-        weight = self.weight if self.weight.dim() == 4 else self.weight.float().sum(2).to(self.weight.dtype)
-        return F.linear(values.to(self.weight.dtype), weight.flatten(1), self.bias)
+        return F.linear(values.to(self.projection.dtype), self.projection, self.bias)

@@ -280,7 +280,7 @@ class DualEncoderBackbone(Backbone):
         return DualEncoderConfig.from_hf(hf_config, variant)
 
     def after_load(self) -> None:
-        self.patch_embedding.reset_affine()
+        self.patch_embedding.prepare()
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, attention_backend: AttentionBackend) -> DualEncoderBackbone:

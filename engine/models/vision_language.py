@@ -271,7 +271,7 @@ class VisionLanguageBackbone(DecoderBackbone):
         return hf_config.text_config.max_position_embeddings
 
     def after_load(self) -> None:
-        self.visual.patch_embedding.reset_affine()
+        self.visual.patch_embedding.prepare()
 
     def encode(
         self, batch: PackedBatch, meta: AttentionMetadata, rows: torch.Tensor | None = None

@@ -94,11 +94,11 @@ class ReplicaLink:
         image_words, patch_dim = 0, 0
         if rows.images is not None:
             grids = [(-1, -1) if image is None else image.shape[:2] for image in rows.images]
-            given = [image.reshape(-1, image.shape[-1]) for image in rows.images if image is not None]
-            patch_dim = given[0].shape[1] if given else 0
-            pixels = np.concatenate(given).ravel() if given else np.empty(0, np.uint8)
-            padded = np.zeros(-(-pixels.size // 4) * 4, np.uint8)  # whole int32 words
-            padded[: pixels.size] = pixels
+            given = [image.ravel() for image in rows.images if image is not None]
+            patch_dim = next(image.shape[-1] for image in rows.images if image is not None) if given else 0
+            size = sum(image.size for image in given)
+            # one copy, zeros after to whole int32 words
+            padded = np.concatenate([*given, np.zeros(-size % 4, np.uint8)]).astype(np.uint8, copy=False)
             parts += [np.asarray(grids, dtype="<i4").ravel(), padded.view("<i4")]
             image_words = 2 * len(grids) + padded.size // 4
         words = sum(part.size for part in parts)
