@@ -50,7 +50,7 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     )  # fmt: skip
     graphs = None
     if config.uses_cuda_graphs and backend.graph_safe:
-        graphs = GraphCache(model, backend, config, device, max_seqlen=spec.max_seq_length)
+        graphs = GraphCache(model, backend, config, device, max_seqlen=spec.longest_sequence)
     logger.info(
         "%s: attention backend %s (%s) on %s, %s, CUDA graphs %s",
         spec.name,

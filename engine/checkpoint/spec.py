@@ -74,6 +74,15 @@ class ModelSpec:
 
     # what the head says of the served model
     @property
+    def longest_sequence(self) -> int:
+        """The longest sequence a batch may hold: the window, or a dual encoder's fixed-size image where
+        that is longer (CLIP ViT-B/16's 197 tokens against its texts' 77)."""
+        images = self.images
+        if images is None or images.image_size is None:
+            return self.max_seq_length
+        return max(self.max_seq_length, images.num_tokens)
+
+    @property
     def task(self) -> str:
         """ "embed" | "score" | "token_embed" (a vector a token) | "sparse_embed" (vocabulary weights)."""
         return self.head.task
