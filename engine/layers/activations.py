@@ -7,6 +7,7 @@ from collections.abc import Callable
 from torch import nn
 
 from engine.errors import UnsupportedModel
+from engine.layers.quick_gelu import QuickGELU
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU,
@@ -17,6 +18,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "silu": nn.SiLU,
     "swish": nn.SiLU,
     "tanh": nn.Tanh,
+    "quick_gelu": QuickGELU,  # CLIP's
 }
 
 

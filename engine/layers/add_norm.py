@@ -1,7 +1,8 @@
 """AddLayerNorm: LayerNorm(x + residual) as one Triton kernel on CUDA (one read of each input, one
 write), the two torch ops elsewhere; a LayerNorm subclass, so checkpoints map onto it unchanged. Where
 its output also feeds an FP8 projection (`quantize`), the same pass writes that input too: the rows in
-FP8 with a scale each (engine/layers/fp8.py)."""
+FP8 with a scale each (engine/layers/fp8.py). A pre-norm block, whose residual stream is the sum, has the
+same pass write the sum too (`with_total`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ class AddLayerNorm(nn.LayerNorm):
         # [num_tokens, hidden] x2 -> [num_tokens, hidden]
         return self.with_input(x, residual)[0]
 
+    def with_total(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(LayerNorm(x + residual), x + residual) for a pre-norm block: the sum, rounded to x's dtype as the
+        unfused ops round it, is the residual stream. Without a residual (the first block): (LayerNorm(x),
+        x)."""
+        kernel = _triton_kernel() if x.is_cuda else None
+        if residual is None or kernel is None or x.shape[-1] > MAX_HIDDEN:
+            total = x if residual is None else x + residual
+            return F.layer_norm(total, self.normalized_shape, self.weight, self.bias, self.eps), total
+        out, _, total = add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, total=True)
+        return out, total
+
     def with_input(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
@@ -34,7 +46,7 @@ class AddLayerNorm(nn.LayerNorm):
         if kernel is None or x.shape[-1] > MAX_HIDDEN:
             out = F.layer_norm(x + residual, self.normalized_shape, self.weight, self.bias, self.eps)
             return out, quantize_rows(out) if quantize else out
-        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, quantize)
+        return add_layer_norm(kernel, x, residual, self.weight, self.bias, self.eps, quantize)[:2]
 
 
 def add_layer_norm(
@@ -45,11 +57,14 @@ def add_layer_norm(
     bias: torch.Tensor,
     eps: float,
     quantize: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows]:
-    """(LayerNorm(x + residual), the same rows or with `quantize` their Fp8Rows) by the Triton kernel, on
-    the device the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
+    total: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows, torch.Tensor | None]:
+    """(LayerNorm(x + residual), the same rows or with `quantize` their Fp8Rows, with `total` the sum
+    x + residual in x's dtype, which the norm then reads: else None) by the Triton kernel, on the device
+    the tensors are on (Triton's interpreter runs it on the CPU in the tests)."""
     x, residual = x.contiguous(), residual.contiguous()
     out = torch.empty_like(x)
+    sums = torch.empty_like(x) if total else out
     num_tokens, hidden = x.shape
     values = torch.empty(num_tokens, hidden, dtype=FP8, device=x.device) if quantize else out
     scales = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device) if quantize else out
@@ -62,13 +77,15 @@ def add_layer_norm(
         out,
         values,
         scales,
+        sums,
         hidden,
         eps,
         QUANTIZE=quantize,
+        TOTAL=total,
         BLOCK=block,
         num_warps=4,
     )
-    return out, Fp8Rows(values, scales, x.dtype) if quantize else out
+    return out, Fp8Rows(values, scales, x.dtype) if quantize else out, sums if total else None
 
 
 def triton_block(hidden: int) -> int:
@@ -82,14 +99,19 @@ def _triton_kernel(triton, tl):
     from engine.layers.fp8_row import quantized_row
 
     @triton.jit
-    def add_layer_norm(x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, values_ptr, scales_ptr, hidden,
-                       eps, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    def add_layer_norm(x_ptr, residual_ptr, weight_ptr, bias_ptr, out_ptr, values_ptr, scales_ptr,
+                       total_ptr, hidden, eps, QUANTIZE: tl.constexpr, TOTAL: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
         token = tl.program_id(0).to(tl.int64)
         row = token * hidden
         columns = tl.arange(0, BLOCK)
         mask = columns < hidden
         total = tl.load(x_ptr + row + columns, mask=mask, other=0.0).to(tl.float32)
         total += tl.load(residual_ptr + row + columns, mask=mask, other=0.0).to(tl.float32)
+        if TOTAL:  # the residual stream, rounded as the unfused sum is before the norm reads it
+            rounded = total.to(total_ptr.dtype.element_ty)
+            tl.store(total_ptr + row + columns, rounded, mask=mask)
+            total = rounded.to(tl.float32)
         mean = tl.sum(total, axis=0) / hidden
         centered = tl.where(mask, total - mean, 0.0)
         inverse_std = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / hidden + eps)

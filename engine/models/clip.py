@@ -15,7 +15,8 @@ from torch import nn
 from engine.attention import AttentionBackend, AttentionMetadata, varlen_attention
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
-from engine.layers.activations import get_activation
+from engine.layers.add_norm import AddLayerNorm
+from engine.layers.linear_act import LinearActivation
 from engine.layers.patch_embedding import PatchEmbedding
 from engine.layers.pooling import cls_rows, last_rows
 from engine.layers.rotary import apply_rotary
@@ -151,7 +152,9 @@ class DualEncoderConfig:
 
 class EncoderLayer(nn.Module):
     """Pre-norm block: fused-QKV self-attention (queries and keys rotated in float32 where a rotary table
-    is given: Qwen2-VL's vision tower), then an MLP, each added to the residual."""
+    is given: Qwen2-VL's vision tower), then an MLP, each added to the residual stream. A block takes the
+    last one's MLP rows and the stream before them, and its first norm adds them in the same pass (the
+    stream after a tower's last block is its output and stream summed: `run_layers`)."""
 
     def __init__(self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool):
         super().__init__()
@@ -159,40 +162,46 @@ class EncoderLayer(nn.Module):
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.attention_backend = attention_backend
         self.causal = causal
-        self.norm1 = nn.LayerNorm(hidden_size, eps=eps)
+        self.norm1 = AddLayerNorm(hidden_size, eps=eps)
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.attention_out = nn.Linear(hidden_size, hidden_size)
-        self.norm2 = nn.LayerNorm(hidden_size, eps=eps)
-        self.up = nn.Linear(hidden_size, config.intermediate_size)
-        self.activation = activation(config.hidden_act)
+        self.norm2 = AddLayerNorm(hidden_size, eps=eps)
+        self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)
         self.down = nn.Linear(config.intermediate_size, hidden_size)
 
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         meta: AttentionMetadata,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        # [num_tokens, hidden] -> [num_tokens, hidden]; rotary: float32 cos, sin [num_tokens, head_dim]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # [num_tokens, hidden] x2 (the first block: the embeddings and None) -> (the MLP's rows, the stream
+        # before them), [num_tokens, hidden] each; rotary: float32 cos, sin [num_tokens, head_dim]
         num_tokens = hidden.shape[0]
-        qkv = self.qkv(self.norm1(hidden)).view(num_tokens, 3, self.num_heads, self.head_dim)
+        normed, residual = self.norm1.with_total(hidden, residual)
+        qkv = self.qkv(normed).view(num_tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)
         if rotary is not None:
             q, k = (apply_rotary(x.float(), *rotary).to(x.dtype) for x in (q, k))
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
-        hidden = hidden + self.attention_out(attention.reshape(num_tokens, -1))
-        return hidden + self.down(self.activation(self.up(self.norm2(hidden))))
+        attention = self.attention_out(attention.reshape(num_tokens, -1))
+        normed, residual = self.norm2.with_total(attention, residual)
+        return self.down(self.up(normed)), residual
 
 
-class QuickGELU(nn.Module):
-    """CLIP's x * sigmoid(1.702 x)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-def activation(name: str) -> nn.Module:
-    return QuickGELU() if name == "quick_gelu" else get_activation(name)
+def run_layers(
+    layers: Sequence[EncoderLayer],
+    hidden: torch.Tensor,
+    meta: AttentionMetadata,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tower's blocks over its embeddings -> (the last block's MLP rows, the stream before them), whose
+    sum is the tower's output (its final norm adds them: AddLayerNorm)."""
+    residual = None
+    for layer in layers:
+        hidden, residual = layer(hidden, residual, meta, rotary)
+    return hidden, residual
 
 
 class AttentionPool(nn.Module):
@@ -208,8 +217,7 @@ class AttentionPool(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.empty(3 * hidden_size))
         self.out_proj = nn.Linear(hidden_size, hidden_size)
         self.norm = nn.LayerNorm(hidden_size, eps=config.layer_norm_eps)
-        self.up = nn.Linear(hidden_size, config.intermediate_size)
-        self.activation = activation(config.hidden_act)
+        self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)
         self.down = nn.Linear(config.intermediate_size, hidden_size)
 
     def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -228,7 +236,7 @@ class AttentionPool(nn.Module):
         pooled = v.new_zeros(meta.num_seqs, heads, dim).index_add_(0, segments, weights.unsqueeze(2) * v)
         pooled = (pooled / totals.clamp(min=1e-30).unsqueeze(2)).view(meta.num_seqs, -1).to(hidden.dtype)
         pooled = self.out_proj(pooled)
-        return pooled + self.down(self.activation(self.up(self.norm(pooled))))
+        return pooled + self.down(self.up(self.norm(pooled)))
 
 
 class DualEncoderBackbone(Backbone):
@@ -252,7 +260,7 @@ class DualEncoderBackbone(Backbone):
         self.text_layers = nn.ModuleList(
             EncoderLayer(text, attention_backend, variant.text_causal) for _ in range(text.num_layers)
         )
-        self.text_norm = nn.LayerNorm(text.hidden_size, eps=text.layer_norm_eps)
+        self.text_norm = AddLayerNorm(text.hidden_size, eps=text.layer_norm_eps)
         self.text_head = nn.Linear(text.hidden_size, config.projection_dim, bias=variant.text_head_bias)
         self.patch_embedding = PatchEmbedding(
             vision.hidden_size, config.num_channels, config.patch_size, variant.patch_bias, affine
@@ -265,7 +273,7 @@ class DualEncoderBackbone(Backbone):
         self.vision_layers = nn.ModuleList(
             EncoderLayer(vision, attention_backend, False) for _ in range(vision.num_layers)
         )
-        self.vision_norm = nn.LayerNorm(vision.hidden_size, eps=vision.layer_norm_eps)
+        self.vision_norm = AddLayerNorm(vision.hidden_size, eps=vision.layer_norm_eps)
         self.attention_pool = AttentionPool(vision) if variant.attention_pool else None
         self.image_head = (
             None
@@ -303,9 +311,9 @@ class DualEncoderBackbone(Backbone):
         # a batch of texts -> [num_seqs, projection_dim]: the last token's row (CLIP's end of text; SigLIP's
         # last position), normed and projected
         hidden = self.token_embedding(batch.input_ids) + self.text_positions(batch.positions)
-        for layer in self.text_layers:
-            hidden = layer(hidden, meta)
-        return self.text_head(self.text_norm(hidden[last_rows(meta, hidden.shape[0])]))
+        hidden, residual = run_layers(self.text_layers, hidden, meta)
+        last = last_rows(meta, hidden.shape[0])
+        return self.text_head(self.text_norm(hidden[last], residual[last]))
 
     def image_rows(
         self, pixels: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -320,11 +328,11 @@ class DualEncoderBackbone(Backbone):
         hidden = hidden + self.image_positions(positions)
         if self.pre_norm is not None:
             hidden = self.pre_norm(hidden)
-        for layer in self.vision_layers:
-            hidden = layer(hidden, meta)
+        hidden, residual = run_layers(self.vision_layers, hidden, meta)
         if self.attention_pool is not None:
-            return self.attention_pool(self.vision_norm(hidden), meta)
-        return self.image_head(self.vision_norm(hidden[cls_rows(meta, hidden.shape[0])]))
+            return self.attention_pool(self.vision_norm(hidden, residual), meta)
+        first = cls_rows(meta, hidden.shape[0])
+        return self.image_head(self.vision_norm(hidden[first], residual[first]))
 
     def weight_map(self) -> WeightTargets:
         config, variant = self.config, self.config.variant

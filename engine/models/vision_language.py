@@ -207,12 +207,12 @@ class VisionTower(nn.Module):
         frequencies = inverse_frequencies(2 * quarter, self.config.rope_theta, pixels.device).repeat(2)
         streams = sectioned_streams((quarter, quarter))
         rotary = stream_rotary_tables(positions, frequencies, streams, torch.float32)
-        deepstack = []
+        deepstack, residual = [], None
         for index, block in enumerate(self.blocks):
-            hidden = block(hidden, meta, rotary)
-            if index in self.config.deepstack:
-                deepstack.append(self.deepstack[self.config.deepstack.index(index)](hidden))
-        return self.merger(hidden), deepstack
+            hidden, residual = block(hidden, residual, meta, rotary)
+            if index in self.config.deepstack:  # the block's output: its MLP rows added to the stream
+                deepstack.append(self.deepstack[self.config.deepstack.index(index)](hidden + residual))
+        return self.merger(hidden + residual), deepstack
 
     def resampled_positions(self, positions: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
         """Each patch's entry of the square position table resampled (bilinear, corners aligned) to its

@@ -46,3 +46,20 @@ def test_triton_kernel_matches_torch(hidden, dtype):
     expected = plain(norm, x, residual)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     assert ((fused - expected).norm() / expected.norm()).item() <= tolerance
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_pre_norm_gives_the_norm_and_the_rounded_sum(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    norm, x, residual = make(768, dtype, device)
+    with torch.no_grad():
+        normed, total = norm.with_total(x, residual)
+        first, same = norm.with_total(x, None)  # the first block: no residual yet
+    assert torch.equal(total, x + residual) and same is x
+    expected = F.layer_norm(x + residual, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert ((normed.float() - expected.float()).norm() / expected.float().norm()).item() <= tolerance
+    plain_first = F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    assert torch.equal(first, plain_first)

@@ -43,7 +43,7 @@ def test_norms_write_the_fp8_rows_of_what_they_compute(hidden):
     x, residual = torch.randn(2, 300, hidden, device="cuda", dtype=torch.bfloat16, generator=generator)
     weight = torch.rand(hidden, device="cuda", dtype=torch.bfloat16, generator=generator) + 0.5
     bias = torch.randn(hidden, device="cuda", dtype=torch.bfloat16, generator=generator)
-    out, rows = add_norm.add_layer_norm(add_norm._triton_kernel(), x, residual, weight, bias, 1e-12, True)
+    out, rows, _ = add_norm.add_layer_norm(add_norm._triton_kernel(), x, residual, weight, bias, 1e-12, True)
     assert_same_rows(rows, out)
     normed, _ = rms_norm.add_rms_norm(rms_norm._triton_kernel(), x, residual, weight, 1e-6)
     rows, total = rms_norm.add_rms_norm(rms_norm._triton_kernel(), x, residual, weight, 1e-6, quantize=True)

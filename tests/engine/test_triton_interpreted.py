@@ -15,8 +15,10 @@ from engine.attention import triton_backend as attention_module
 from engine.attention.torch_backend import TorchAttention
 from engine.layers import add_norm, embed_norm, fp8, pooling, rms_norm, swiglu
 from engine.layers import qk_norm_rotary as qk_norm_rotary_module
+from engine.layers import quick_gelu as quick_gelu_module
 from engine.layers.fp8 import quantize_rows
 from engine.layers.qk_norm_rotary import QKNormRotary, qk_norm_rotary
+from engine.layers.quick_gelu import quick_gelu
 from engine.layers.rotary import rotary_tables
 
 
@@ -43,13 +45,24 @@ def test_add_layer_norm(interpreted, hidden):
         norm.bias.copy_(torch.randn(hidden, generator=generator))
     x, residual = torch.randn(2, 37, hidden, generator=generator)
     kernel = add_norm._triton_kernel()
-    got, same = add_norm.add_layer_norm(kernel, x, residual, norm.weight, norm.bias, norm.eps)
+    got, same, none = add_norm.add_layer_norm(kernel, x, residual, norm.weight, norm.bias, norm.eps)
     expected = F.layer_norm(x + residual, (hidden,), norm.weight, norm.bias, norm.eps)
-    assert relative_error(got.detach(), expected.detach()) <= 1e-5 and same is got
+    assert relative_error(got.detach(), expected.detach()) <= 1e-5 and same is got and none is None
     # with the next projection in FP8: the same rows, and their Fp8Rows from the same pass
-    got, rows = add_norm.add_layer_norm(kernel, x, residual, norm.weight, norm.bias, norm.eps, quantize=True)
+    weight, bias, eps = norm.weight, norm.bias, norm.eps
+    got, rows, _ = add_norm.add_layer_norm(kernel, x, residual, weight, bias, eps, quantize=True)
     assert relative_error(got.detach(), expected.detach()) <= 1e-5
     assert_quantized_like_torch(rows, got)
+    # a pre-norm block's: the sum written too, the norm of that sum
+    got, _, total = add_norm.add_layer_norm(kernel, x, residual, weight, bias, eps, total=True)
+    assert torch.equal(total, x + residual)
+    assert relative_error(got.detach(), expected.detach()) <= 1e-5
+
+
+def test_quick_gelu(interpreted):
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)) * 4
+    got = quick_gelu(x, quick_gelu_module._triton_kernel())
+    assert relative_error(got, x * torch.sigmoid(1.702 * x)) <= 1e-6
 
 
 def assert_quantized_like_torch(rows, x):
