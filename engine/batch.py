@@ -115,6 +115,37 @@ class PackedBatch:
     def num_seqs(self) -> int:
         return self.cu_seqlens.shape[0] - 1
 
+    def towers(self) -> tuple[PackedBatch, PackedBatch] | None:
+        """A dual encoder's batch of texts and images (on the host) as a batch of its texts and one of its
+        images, each of a kind a CUDA graph runs; None where it is of one kind, or asks for more than a row
+        a sequence."""
+        images = self.images
+        if not isinstance(images, ImageBatch) or images.only_images or images.text_seqs.numel() == 0:
+            return None
+        if any(
+            layout is not None
+            for layout in (self.prefix_of, self.num_query_only, self.pool_cu_seqlens, self.row_index)
+        ) or (self.scored_against, self.kept_rows) != (None, None):
+            return None
+
+        def part(tokens: torch.Tensor, cu_seqlens: torch.Tensor, own: ImageBatch | None) -> PackedBatch:
+            lengths = torch.diff(cu_seqlens)
+            return PackedBatch(
+                self.input_ids[tokens], self.token_type_ids[tokens], self.positions[tokens], cu_seqlens,
+                int(lengths.max()), images=own,
+            )  # fmt: skip
+
+        empty = images.text_tokens.new_empty(0)
+        every_token, every_seq = torch.arange(images.num_rows), torch.arange(images.image_seqs.numel())
+        only = ImageBatch(
+            None, every_token, every_seq, images.image_cu_seqlens, empty, empty, images.text_cu_seqlens[:1],
+            images.patches, images.rows,
+        )  # fmt: skip
+        return (
+            part(images.text_tokens, images.text_cu_seqlens, None),
+            part(images.image_tokens, images.image_cu_seqlens, only),
+        )
+
     def pin_memory(self) -> PackedBatch:
         return PackedBatch(
             input_ids=self.input_ids.pin_memory(),

@@ -25,6 +25,9 @@ class ModelRunner:
         """[num_tokens] packed host ids -> LazyTensor of [num_seqs, out_dim] float32 rows (a token head's:
         [num_tokens, out_dim])."""
         output = self.graphs.run(batch) if self.graphs is not None else None
+        towers = batch.towers() if output is None and self.graphs is not None else None
+        if towers is not None:  # a dual encoder's texts and images: each kind through its own graph
+            output = self.run_towers(batch, *towers)
         if output is None:
             # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
             meta = AttentionMetadata.build(
@@ -44,3 +47,19 @@ class ModelRunner:
         # copied on the compute stream: a later replay, which may overwrite the graph pool's outputs,
         # runs after the copy
         return LazyTensor(output.float(), self.host_buffers)
+
+    def run_towers(self, batch: PackedBatch, texts: PackedBatch, images: PackedBatch) -> torch.Tensor:
+        """[num_seqs, out_dim] rows of a batch of texts and images (PackedBatch.towers), each kind run as a
+        batch of its own (from a graph where one is captured), its rows copied into the batch's order."""
+        output, cuda = None, self.device.type == "cuda"
+        for part, seqs in ((texts, batch.images.text_seqs), (images, batch.images.image_seqs)):
+            rows = self.graphs.run(part) if self.graphs is not None else None
+            if rows is None:
+                meta = AttentionMetadata.build(part.cu_seqlens, part.max_seqlen).to(self.device)
+                rows = self.model((part.pin_memory() if cuda else part).to(self.device), meta)
+            if output is None:
+                output = rows.new_empty(batch.num_seqs, rows.shape[1])
+            # before the next replay: graphs share one memory pool, so it may overwrite these rows
+            seqs = (seqs.pin_memory() if cuda else seqs).to(self.device, non_blocking=True)
+            output.index_copy_(0, seqs, rows)
+        return output

@@ -2,7 +2,8 @@
 tower, both in one space and L2-normalized, in the order of the batch's sequences. Its HeadOutput says it
 takes images; a batch of texts alone runs as any text batch, one of images alone through the vision tower
 over the batch's own metadata (both in CUDA graphs), and one of both each tower over its own sequences
-(eagerly)."""
+(eagerly; with CUDA graphs the runner splits such a batch into its texts and its images instead,
+PackedBatch.towers)."""
 
 from __future__ import annotations
 

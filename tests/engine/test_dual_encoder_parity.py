@@ -20,6 +20,7 @@ from engine.build import build_engine
 from engine.checkpoint.resolve import resolve_model
 from engine.config import EngineConfig
 from engine.outputs import RowRequest
+from engine.runner import ModelRunner
 from engine.weights import load_model
 
 TOLERANCE = 1e-5
@@ -125,6 +126,16 @@ def test_text_image_and_mixed_rows_match_transformers(checkpoint):
     np.testing.assert_allclose(mixed, np.stack(expected), atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(texts_alone, expected_texts, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(images_alone, expected_images, atol=TOLERANCE, rtol=0)
+    # the same batch split into its texts and its images (as the runner runs it with CUDA graphs), each
+    # row back in the batch's order
+    batch = pack(sequences, images=images)
+    texts, image_part = batch.towers()
+    assert image_part.images.only_images and texts.images is None
+    assert (texts.num_seqs, image_part.num_seqs) == (len(ids), len(image_patches))
+    with torch.inference_mode():
+        split = ModelRunner(model, torch.device("cpu")).run_towers(batch, texts, image_part).numpy()
+    np.testing.assert_allclose(split, np.stack(expected), atol=TOLERANCE, rtol=0)
+    assert pack(ids).towers() is None and image_part.towers() is None
 
 
 def test_engine_requests_of_texts_and_images(checkpoint):
@@ -148,6 +159,14 @@ def test_engine_requests_of_texts_and_images(checkpoint):
         engine.stop()
     expected = np.concatenate([expected_texts, expected_images])[order]
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_a_batch_holds_an_image_longer_than_the_text_window(tmp_path):
+    # ViT-B/16's 197 tokens an image against CLIP's 77-token texts: the engine's longest sequence (its
+    # CUDA graphs' length buckets) is the image's, its text window stays the texts'
+    folder, _ = dual_encoder_checkpoint(tmp_path / "clip", "clip", image_size=224, patch_size=16)
+    spec = resolve_model(str(folder))
+    assert (spec.max_seq_length, spec.images.num_tokens, spec.longest_sequence) == (77, 197, 197)
 
 
 def test_a_text_model_refuses_images(minilm_path):
