@@ -32,6 +32,11 @@ class AttentionBackend:
     # compiles a kernel module that is not prebuilt, minutes, where a candidate is passed over instead)
     asked_for: bool = False
 
+    def runs_head_dim(self, head_dim: int) -> bool:
+        """Whether every batch of heads of this size runs here (a second model inside the model, such as a
+        vision tower, may have heads of another size than the shape this backend was checked for)."""
+        return self.head_dims is None or head_dim in self.head_dims
+
     def check(
         self,
         num_heads: int | None = None,

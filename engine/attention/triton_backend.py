@@ -83,6 +83,12 @@ class TritonAttention(AttentionBackend):
             self.long_sequences = candidate
             break
 
+    def runs_head_dim(self, head_dim: int) -> bool:
+        # long sequences go to the long-sequence backend: it must run them too (FlashInfer has no 80)
+        return super().runs_head_dim(head_dim) and (
+            self.long_sequences is None or self.long_sequences.runs_head_dim(head_dim)
+        )
+
     def describe(self) -> str:
         if self.long_sequences is None:
             return self.name

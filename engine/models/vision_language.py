@@ -245,10 +245,10 @@ class VisionLanguageBackbone(DecoderBackbone):
         super().__init__(config, attention_backend)
         self.image_token = config.image_token_id
         # the vision tower's heads may be of a size the decoder's backend lacks (Qwen2-VL-2B's 80 against
-        # FlashInfer's 64, 128 and 256): then it attends through torch's, which takes any
+        # FlashInfer's 64, 128 and 256, where Triton's hands an image's long sequence to FlashInfer): then
+        # it attends through torch's, which takes any
         vision_backend = attention_backend
-        head_sizes = attention_backend.head_dims
-        if head_sizes is not None and config.vision.tower.head_dim not in head_sizes:
+        if not attention_backend.runs_head_dim(config.vision.tower.head_dim):
             vision_backend = select_backend("torch", "cpu")  # device-agnostic
         self.visual = VisionTower(config.vision, config.family, vision_backend, affine)
 

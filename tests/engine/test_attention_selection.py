@@ -440,3 +440,20 @@ def test_flash_attn_unavailable_when_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
     with pytest.raises(AttentionBackendUnavailable, match="flash_attn.cute"):
         FlashAttnAttention((9, 0))
+
+
+def test_a_head_size_runs_only_where_every_length_runs():
+    # Qwen2-VL-2B's vision heads of 80 beside a decoder on Triton: Triton's kernel takes 80, but hands an
+    # image's long sequence to FlashInfer, which has no 80 (the vision tower then takes torch's)
+    from engine.attention.triton_backend import TritonAttention
+
+    class NoEighty(TorchVarlenAttention):
+        head_dims = frozenset({64, 128, 256})
+
+    triton = TritonAttention(kernel=None, long_sequences=(NoEighty,))
+    triton.check(num_heads=12, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    assert triton.long_sequences is not None
+    assert triton.runs_head_dim(64) and not triton.runs_head_dim(80)
+    alone = TritonAttention(kernel=None, long_sequences=())
+    alone.check(num_heads=12, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    assert alone.runs_head_dim(80) and not alone.runs_head_dim(72)
