@@ -2,18 +2,18 @@
 URL within a size and time limit), decoded with Pillow, checked, and made into the patches a model takes
 (its ImageLayout: made RGB, resized and cropped as its processor does, then cut into patches, channel, row
 and column flattened, still 8-bit: the model rescales and normalizes them on the device, ImageLayout.affine).
-Runs on the gateway's image threads: Pillow lets go of the GIL while it decodes and resizes."""
+Runs on the gateway's image threads: Pillow lets go of the GIL while it decodes and resizes, numpy while
+it decodes base64 (api/base64_bytes.py)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from api.base64_bytes import decode_base64
 from api.errors import InvalidInput
 from engine.checkpoint.images import ImageLayout
 
@@ -60,8 +60,8 @@ def image_bytes(source: str, limits: ImageLimits, where: str) -> bytes:
                 f"a data URI of {header[5:].split(';')[0] or 'no type'!r} is not an image", where
             )
     try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
+        return decode_base64(data)
+    except ValueError:
         raise InvalidImage(
             "an image is a base64 data URI (data:image/png;base64,...) or base64", where
         ) from None
