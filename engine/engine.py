@@ -17,6 +17,7 @@ import torch
 from engine.batch import check_images, check_spans, pack, rows_per_sequence, sequence_rows
 from engine.config import EngineConfig
 from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
+from engine.inline_images import vision_patches
 from engine.interface import EngineInterface
 from engine.lazy import LazyTensor
 from engine.outputs import ALL_ROWS, SEQUENCE, HeadOutput, RowRequest
@@ -201,6 +202,12 @@ class Engine(EngineInterface):
         if rows.images is not None:
             check_images(self.output, rows, token_ids)
         longest = max(lengths) + (0 if rows.prefix is None else len(rows.prefix))
+        costs = lengths
+        if rows.images is not None and self.output.image_run is not None:
+            # a vision-language model's vision tower runs each patch of a sequence's image too: the queue,
+            # its batches and the service rate count them beside the tokens (a batch of images then holds
+            # its patches within max_batch_tokens, not four times as many)
+            costs = [length + vision_patches(image) for length, image in zip(lengths, rows.images)]
         if longest > self.config.max_batch_tokens:
             raise SequenceTooLong(
                 f"a sequence of {longest} tokens exceeds max_batch_tokens ({self.config.max_batch_tokens})"
@@ -214,7 +221,7 @@ class Engine(EngineInterface):
         # one queue entry per request: a burst of requests holds the GIL, which the worker needs to
         # launch batches, as briefly as it can
         judged = self.scheduler.submit(
-            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, lengths, rows), deadline
+            QueuedRequest(token_ids, token_type_ids, request, request.is_cancelled, costs, rows), deadline
         )
         # (a request back before this line is not checked: it was far inside its estimate anyway)
         if judged is not None and self.rate.checks(*judged):
@@ -297,7 +304,10 @@ class Engine(EngineInterface):
             return None
         if self._on_batch is not None:
             self._on_batch(packed.num_tokens, packed.num_seqs)
-        return _InFlight(batch, output, packed.num_tokens, launched_at, packed.pool_cu_seqlens is not None)
+        work = packed.num_tokens  # in the queue's units: with a vision-language model's patches
+        if self.output.image_run is not None:
+            work += sum(vision_patches(sequence.image) for sequence in batch)
+        return _InFlight(batch, output, work, launched_at, packed.pool_cu_seqlens is not None)
 
     def _finish(self, in_flight: _InFlight) -> None:
         try:

@@ -43,6 +43,12 @@ class InlineImages:
         )  # fmt: skip
 
 
+def vision_patches(image: np.ndarray | None) -> int:
+    """The patches of an image's grid (none for a text): the rows the vision tower runs for it, four for
+    each merged token its sequence holds."""
+    return 0 if image is None else image.shape[0] * image.shape[1]
+
+
 def check_image_run(ids: Sequence[int] | np.ndarray, image: np.ndarray, image_token: int, merge: int) -> int:
     """Where in `ids` the run of `image_token` the image takes starts; ValueError unless the image's grid
     merges by `merge` and the sequence holds one run of its merged tokens."""

@@ -174,6 +174,25 @@ def test_through_the_engine_and_two_replicas(inputs, checkpoint):
     np.testing.assert_allclose(got, np.concatenate([expected[order]] * 2), atol=TOLERANCE, rtol=0)
 
 
+def test_a_batch_budgets_the_vision_towers_patches(inputs):
+    """Two images whose tokens fit one batch run in two where their patches (four a merged token) do not:
+    the queue counts what the vision tower runs too."""
+    spec, sequences, images, expected = inputs
+    chosen = [index for index, grid in enumerate(images) if grid is not None][:2]
+    budget = sum(len(sequences[index]) for index in chosen)
+    assert sum(images[index].shape[0] * images[index].shape[1] for index in chosen) > 0
+    batches = []
+    config = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=budget, max_queue_tokens=10**5)
+    engine = build_engine(spec, config, on_batch=lambda tokens, seqs: batches.append(seqs))
+    try:
+        rows = RowRequest(images=[images[index] for index in chosen])
+        got = asyncio.run(engine.run([sequences[index] for index in chosen], rows=rows))
+    finally:
+        engine.stop()
+    assert batches == [1, 1]
+    np.testing.assert_allclose(got, expected[chosen], atol=TOLERANCE, rtol=0)
+
+
 def test_placeholders_that_do_not_match_the_image_are_refused(inputs):
     spec, sequences, images, _ = inputs
     engine = build_engine(spec, EngineConfig(device="cpu", dtype="float32"))
