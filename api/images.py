@@ -19,7 +19,7 @@ from engine.checkpoint.images import ImageLayout
 
 # what Pillow decodes for posy; anything else (a PDF, an SVG, a PSD, ...) is refused by name
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
-MAX_ASPECT = 200  # Qwen2-VL's processors refuse an image longer than this many times its width
+MAX_ASPECT = 200  # Qwen2-VL's processors refuse an image longer than this many times its width; so does posy
 MAX_IMAGE_PIXELS = 40_000_000  # width x height of a decoded image (a 100-megapixel photo is refused)
 
 
@@ -121,6 +121,7 @@ def decode(data: bytes, limits: ImageLimits, where: str):
 def pixels(image, layout: ImageLayout) -> np.ndarray:
     """[channels, height, width] uint8 of an RGB PIL image, resized and cropped as the model's processor
     does; its rescale and normalization are the model's (`normalized` on the host)."""
+    check_aspect(image.height, image.width)
     if layout.pixel_range is not None:
         size = dynamic_size(image.height, image.width, layout.patch_size * layout.merge, *layout.pixel_range)
     elif layout.resize_to is not None:
@@ -147,10 +148,7 @@ def normalized(values: np.ndarray, layout: ImageLayout) -> np.ndarray:
 def dynamic_size(height: int, width: int, factor: int, low: int, high: int) -> tuple[int, int]:
     """Qwen2-VL's resize (its processors' smart_resize): each side rounded to a multiple of `factor`, then
     both scaled, the aspect kept, into `low` to `high` pixels (down rounding down, up rounding up)."""
-    if max(height, width) > MAX_ASPECT * min(height, width):
-        raise ValueError(
-            f"an image of {width}x{height} pixels: one side is more than {MAX_ASPECT} times the other"
-        )
+    check_aspect(height, width)
     rows, columns = round(height / factor) * factor, round(width / factor) * factor
     if rows * columns > high:
         scale = math.sqrt(height * width / high)
@@ -161,6 +159,16 @@ def dynamic_size(height: int, width: int, factor: int, low: int, high: int) -> t
         rows = math.ceil(height * scale / factor) * factor
         columns = math.ceil(width * scale / factor) * factor
     return rows, columns
+
+
+def check_aspect(height: int, width: int) -> None:
+    """Refuse a sliver: one side more than MAX_ASPECT times the other (as Qwen2-VL's processors do). A
+    resize of its shorter side to the model's would make the longer one huge: a 143-byte PNG of 20000x1
+    pixels, resized to CLIP's 224, took 24 s and 9.6 GB."""
+    if max(height, width) > MAX_ASPECT * min(height, width):
+        raise ValueError(
+            f"an image of {width}x{height} pixels: one side is more than {MAX_ASPECT} times the other"
+        )
 
 
 def shortest_edge_size(height: int, width: int, edge: int) -> tuple[int, int]:

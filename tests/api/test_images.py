@@ -125,6 +125,13 @@ def huge_png() -> bytes:
     return buffer.getvalue()
 
 
+def sliver() -> bytes:
+    """143 bytes of PNG, 20000x1 pixels: resized to CLIP's shorter side of 224 it would be 4.5M x 224."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (20_000, 1)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 def ppm() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buffer, "PPM")
@@ -137,6 +144,7 @@ def ppm() -> bytes:
         (data_uri(b"this is not an image at all"), "not an image in a supported format"),
         (data_uri(IMAGES[0][: len(IMAGES[0]) // 2]), "truncated"),
         (data_uri(huge_png()), "megapixels"),
+        (data_uri(sliver()), "more than 200 times the other"),
         (data_uri(ppm(), "x-portable-pixmap"), "supported format"),
         ("data:text/plain;base64,aGVsbG8=", "not an image"),
         ("data:image/png;base64,***", "base64"),
