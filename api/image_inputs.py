@@ -117,15 +117,7 @@ async def embed_items(
     rows = model.rows(EMBED)
     grids: list[np.ndarray | None] = [None] * len(items)
     if images:
-
-        def work(part: Sequence[str], first: int) -> list[np.ndarray]:
-            return [
-                image_patches(source, layout, limits, images[first + offset][1].param)
-                for offset, source in enumerate(part)
-            ]
-
-        sources = [image.source for _, image in images]
-        decoded = await guard.tokenized(decode_all(model.image_pool, work, sources))
+        decoded = await decoded_images(model, [image for _, image in images], guard, limits)
         for (index, image), grid in zip(images, decoded):
             grids[index] = grid
             if not isinstance(items[index], FusedInput):
@@ -187,6 +179,22 @@ def laid_out(model: ServedModel, content: list[int], where: str) -> list[int]:
             where.split("[")[0],
         )
     return ids
+
+
+async def decoded_images(
+    model: ServedModel, images: Sequence[ImageInput], guard: RequestGuard, limits: ImageLimits
+) -> list[np.ndarray]:
+    """Each image's grid of patches, decoded on the model's image threads (counted as the request's
+    tokenization); the first bad one (in order) raises its 400."""
+    layout = model.spec.images
+
+    def work(part: Sequence[str], first: int) -> list[np.ndarray]:
+        return [
+            image_patches(source, layout, limits, images[first + offset].param)
+            for offset, source in enumerate(part)
+        ]
+
+    return await guard.tokenized(decode_all(model.image_pool, work, [image.source for image in images]))
 
 
 async def decode_all(pool, work, sources: list[str]) -> list[np.ndarray]:

@@ -202,6 +202,27 @@ def vision_language_checkpoint(
     return folder, model
 
 
+def jina_ranker_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD):
+    """A random jina-reranker-m0 in `folder`: a tiny Qwen2-VL whose LM head is gone, its `score` MLP (dense,
+    ReLU, one logit) beside it, as the checkpoint names them, its config's architecture JinaVLForRanking ->
+    (folder, the Qwen2-VL model in float32, the score MLP)."""
+    from safetensors.torch import load_file, save_file
+    from torch import nn
+
+    folder, model = vision_language_checkpoint(folder, seed=seed, std=std)
+    hidden = model.config.text_config.hidden_size
+    mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    score = randomized(mlp, seed + 1, std)
+    weights = load_file(folder / "model.safetensors")
+    weights.pop("lm_head.weight", None)
+    weights.update({f"score.{name}": value.contiguous() for name, value in score.state_dict().items()})
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["JinaVLForRanking"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, model, score
+
+
 # each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
 # Qwen3-VL-Embedding's (its own instruction), <|endoftext|> pooled
 EMBEDDER_LAYOUT = (

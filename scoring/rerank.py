@@ -74,7 +74,8 @@ async def rerank_scores(
     pair = model.pair
     prefix_length = len(pair.prefix.ids) + len(query_ids) + len(pair.middle.ids)
     suffix_lengths = [len(chunk) + len(pair.suffix.ids) for chunk in chunks]
-    untyped_pairs = model.cross_encoder and not pair.has_types
+    # a pair that starts with the query may share it (not one whose document comes first)
+    untyped_pairs = model.cross_encoder and not pair.has_types and not pair.document_first
     if untyped_pairs and model.engine.shares_prefix(prefix_length, suffix_lengths):
         # a causal scorer: every pair starts with the template's head, the query and the template's
         # middle, which the engine runs once a batch; each chunk and the template's tail continue it

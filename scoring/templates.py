@@ -88,6 +88,8 @@ class PairTemplate:
     suffix: Piece
     first_type: int
     second_type: int
+    # the second text (a document) is laid out before the first (its query): jina-reranker-m0's pairs
+    document_first: bool = False
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> PairTemplate:
@@ -107,14 +109,17 @@ class PairTemplate:
     def apply(self, first: Sequence[int], second: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """(token ids, token type ids) of the pair; the types as an int64 array, which packing copies at
         once (a list of 512 ints took 16 us to convert, the whole array's making 2)."""
+        (first, first_type), (second, second_type) = (first, self.first_type), (second, self.second_type)
+        if self.document_first:
+            (first, first_type), (second, second_type) = (second, second_type), (first, first_type)
         ids = [*self.prefix.ids, *first, *self.middle.ids, *second, *self.suffix.ids]
         type_ids = np.empty(len(ids), dtype=np.int64)
         start = 0
         for part, value in (
             (self.prefix.type_ids, None),
-            (first, self.first_type),
+            (first, first_type),
             (self.middle.type_ids, None),
-            (second, self.second_type),
+            (second, second_type),
             (self.suffix.type_ids, None),
         ):
             end = start + len(part)
@@ -170,7 +175,42 @@ QWEN3_JUDGE = JudgePrompt(
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     default_instruction="Given a web search query, retrieve relevant passages that answer the query",
 )
-JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE}
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentFirstPrompt:
+    """A ranker that reads the document, then the query, in fixed texts, and scores the token after them
+    (jina-reranker-m0: "**Document**:\\n{document}\\n**Query**:\\n{query}", then its score token). Each text
+    is tokenized apart, as in one string: the fixed texts end in a newline, and the query starts on one."""
+
+    before_document: str
+    before_query: str
+    score_token: int
+
+    def query_text(self, query: str, instruction: str | None = None) -> str:
+        return query
+
+    def document_text(self, document: str) -> str:
+        return document
+
+    def pair_template(self, tokenizer: Tokenizer) -> PairTemplate:
+        before_document, before_query = (
+            tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+            for text in (self.before_document, self.before_query)
+        )
+        return PairTemplate(
+            Piece(before_document, (0,) * len(before_document)),
+            Piece(before_query, (0,) * len(before_query)),
+            Piece((self.score_token,), (0,)),
+            0,
+            0,
+            document_first=True,
+        )
+
+
+# jina-reranker-m0's layout, as its modeling code builds it (the score token appended after padding)
+JINA_M0 = DocumentFirstPrompt("**Document**:\n", "\n**Query**:\n", score_token=100)
+JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE, "jina-m0": JINA_M0}
 QUERY_MARK, DOCUMENT_MARK = "\x00posy-query\x00", "\x00posy-document\x00"
 
 
@@ -231,7 +271,7 @@ def _hand_on(piece: str, tokenizer: Tokenizer) -> tuple[str, str]:
     return piece[:last], piece[last:]
 
 
-PairPrompt = JudgePrompt | ChatPairPrompt
+PairPrompt = JudgePrompt | ChatPairPrompt | DocumentFirstPrompt
 
 
 def pair_prompt(pair_format: str, tokenizer: Tokenizer, chat_template: Any = None) -> PairPrompt | None:

@@ -16,7 +16,15 @@ from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
-from api.image_inputs import ImageInput, Item, content_item, embed_items, single_part
+from api.image_inputs import (
+    ImageInput,
+    Item,
+    content_item,
+    decoded_images,
+    embed_items,
+    single_part,
+    vision_ids,
+)
 from api.inputs import check_query, check_texts
 from api.models import RERANK, ServedModel
 from api.responses import EncodedJson, documented
@@ -30,7 +38,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
-from scoring.heads import cosine_to_scores
+from scoring.heads import cosine_to_scores, logits_to_scores
 from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 
@@ -75,7 +83,15 @@ async def _rerank(
         document_item(document, data.rank_fields, index) for index, document in enumerate(data.documents)
     ]
     guard = RequestGuard(model.engine, request, server.config)
-    if model.spec.images is not None:  # a dual encoder: texts and images, each a vector
+    has_images = any(isinstance(item, ImageInput) for item in [query, *items])
+    if model.spec.images is not None and model.spec.task == "score" and has_images:
+        # a vision-language ranker: each pair one sequence, its image in it
+        check_texts(
+            [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
+        )
+        scores = await pair_scores_with_images(model, query, items, options, guard, server)
+    elif model.spec.images is not None and model.spec.task != "score":
+        # an image embedder: texts and images, each a vector
         check_texts(
             [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
         )
@@ -133,6 +149,51 @@ async def dual_encoder_scores(
         model, [query, *items], guard, server.config.images, model.encoder.window, True
     )
     return cosine_to_scores(vectors[0], vectors[1:])
+
+
+async def pair_scores_with_images(
+    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
+    server: Server,
+) -> np.ndarray:  # fmt: skip
+    """A vision-language ranker's scores (jina-reranker-m0's): each (query, document) pair one sequence in
+    the model's pair layout, an image's vision tokens where its text would be; a pair holds one image at
+    most (the query's or the document's). Texts are cut to what rerank reads of them (read_tokens)."""
+    inputs = [query, *items]
+    if isinstance(query, ImageInput):
+        both = next((item for item in items if isinstance(item, ImageInput)), None)
+        if both is not None:
+            raise InvalidInput(
+                f"{both.param} is an image, and so is the query: the model '{model.name}' ranks a pair of "
+                "one image at most (a text query for image documents, or an image query for texts)",
+                both.param.split("[")[0],
+            )
+    images = [item for item in inputs if isinstance(item, ImageInput)]
+    grids = iter(await decoded_images(model, images, guard, server.config.images))
+    query_tokens, document_tokens = read_tokens(model, options)
+    limits = [query_tokens, *[document_tokens] * len(items)]
+    bound = model.encoder.bound
+    texts = [bound.cut(item, limit) for item, limit in zip(inputs, limits) if isinstance(item, str)]
+    tokenizing = model.encoder.content_ids_off_loop(texts, guard, max(query_tokens, document_tokens))
+    ids = iter(await guard.tokenized(tokenizing))
+    contents, pair_images = [], []
+    for item, limit in zip(inputs, limits):
+        grid = next(grids) if isinstance(item, ImageInput) else None
+        contents.append(next(ids)[:limit] if grid is None else vision_ids(model, grid))
+        pair_images.append(grid)
+    window, sequences = model.spec.max_seq_length, []
+    for index, document_ids in enumerate(contents[1:]):
+        sequence, _ = model.encoder.pair.apply(contents[0], document_ids)
+        if len(sequence) > window:
+            raise InvalidInput(
+                f"documents[{index}] with the query takes {len(sequence)} tokens, more than the model's "
+                f"window of {window}",
+                "documents",
+            )
+        sequences.append(sequence)
+    query_image = pair_images[0]
+    pair_grids = [query_image if image is None else image for image in pair_images[1:]]
+    logits = await guard.run(sequences, rows=dataclasses.replace(model.rows(RERANK), images=pair_grids))
+    return logits_to_scores(logits, raw=options.raw_scores)
 
 
 def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:

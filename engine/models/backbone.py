@@ -45,6 +45,7 @@ class ClassifierLayout:
     pooling: str = "cls"
     skip_token: int | None = None  # "last" passes over trailing tokens of this id (a decoder's pad)
     ignored: tuple[str, ...] = ()  # checkpoint names beside the head that it does not read
+    logit_offset: float = 0.0  # added to the logits (jina-reranker-m0's -2.65, its scores' sigmoid's shift)
 
 
 @dataclass(frozen=True, slots=True)

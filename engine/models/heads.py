@@ -143,7 +143,7 @@ class Classifier(Head):
             hidden = self.act(self.dense(hidden))
         if self.norm is not None:
             hidden = self.norm(hidden)
-        return self.out(hidden).float()
+        return self.out(hidden).float() + self.layout.logit_offset
 
     def weight_map(self) -> WeightTargets:
         layout, targets = self.layout, super().weight_map()
@@ -223,9 +223,12 @@ class ClassifierSpec(HeadSpec):
 
     task: str = "score"
     pooling: str = "cls"
+    layout: ClassifierLayout | None = None  # the checkpoint's own, where it is not its family's
+    pair_format: str | None = None  # how rerank lays out its pairs, where not as its family does
 
     def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
-        return Classifier(backbone, backbone.classifier_layout(), self.num_labels or 1)
+        layout = self.layout or backbone.classifier_layout()
+        return Classifier(backbone, layout, self.num_labels or 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from engine.models.modernbert import ModernBertBackbone
 from engine.models.sparse import detect_splade
 from engine.models.token_classifier import detect_token_classifier
 from engine.models.vision_language import VisionLanguageBackbone
+from engine.models.vision_language_ranker import detect_vision_language_ranker
 
 if TYPE_CHECKING:
     from engine.checkpoint.folder import Checkpoint
@@ -223,6 +224,7 @@ HEAD_DETECTORS: tuple[Callable[[Checkpoint], HeadSpec | None], ...] = (
     detect_splade,
     detect_listwise,
     detect_token_classifier,
+    detect_vision_language_ranker,
 )
 
 

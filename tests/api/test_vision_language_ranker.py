@@ -1,0 +1,118 @@
+"""jina-reranker-m0 (engine/models/vision_language_ranker.py) through /v1 and /v2 rerank on a tiny random
+checkpoint in its layout (Qwen2-VL without its LM head, the `score` MLP beside it): each pair laid out as
+its modeling code lays it out, "**Document**:\n{document}\n**Query**:\n{query}" and its score token, an
+image's vision tokens where its text would be, scored sigmoid(logit - 2.65), within 1e-5 of transformers'
+Qwen2VLModel and the MLP on that layout with its own image processor; texts alone, image documents, an
+image query; a pair of two images is a 400."""
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+from litestar.testing import TestClient
+from PIL import Image
+
+from api.app import create_app
+from api.config import ServerConfig
+from benchmarks.image_checkpoints import jina_ranker_checkpoint
+
+TOLERANCE = 1e-5
+QUERY = "a photo of a cat"
+TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
+SCORE_TOKEN = 100
+
+
+def png(height: int, width: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+IMAGES = [png(50, 70, 1), png(90, 40, 2)]
+
+
+def reference_scores(model, score, folder, pairs) -> np.ndarray:
+    """transformers' scores of (query, document) pairs, each a text or a PNG, laid out in one string as
+    jina-reranker-m0's compute_score lays them out, its score token appended."""
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = AutoImageProcessor.from_pretrained(folder)
+    scores = []
+
+    def part(item, inputs: dict) -> str:
+        if isinstance(item, str):
+            return item
+        pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
+        inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+        pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
+        return f"<|vision_start|>{pads}<|vision_end|>"
+
+    for query, document in pairs:
+        inputs = {}
+        text = f"**Document**:\n{part(document, inputs)}\n**Query**:\n{part(query, inputs)}"
+        ids = torch.tensor([[*tokenizer.encode(text, add_special_tokens=False).ids, SCORE_TOKEN]])
+        if inputs:
+            inputs["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+        with torch.inference_mode():
+            hidden = model.model(input_ids=ids, **inputs).last_hidden_state[0, -1]
+            scores.append(torch.sigmoid(score(hidden)[0] - 2.65).item())
+    return np.array(scores)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder, model, score = jina_ranker_checkpoint(tmp_path_factory.mktemp("jina") / "jina")
+    config = ServerConfig(models=(str(folder),), served_model_names=(("m0",),), tokenizer_threads=2)
+    with TestClient(create_app(config)) as client:
+        yield client, lambda pairs: reference_scores(model, score, folder, pairs)
+
+
+def scores_of(response) -> list[float]:
+    assert response.status_code == 200, response.text
+    got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
+    return [got[index] for index in range(len(got))]
+
+
+def test_texts_ranked_as_jina_reranker_m0_lays_them_out(served):
+    client, reference = served
+    expected = reference([(QUERY, text) for text in TEXTS])
+    for route in ("/v1/rerank", "/v2/rerank"):
+        response = client.post(route, json={"model": "m0", "query": QUERY, "documents": TEXTS})
+        np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_image_documents_and_an_image_query(served):
+    client, reference = served
+    documents = [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}]
+    response = client.post("/v2/rerank", json={"model": "m0", "query": QUERY, "documents": documents})
+    expected = reference([(QUERY, IMAGES[0]), (QUERY, TEXTS[0]), (QUERY, IMAGES[1])])
+    np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+    assert response.json()["results"][0]["index"] == int(np.argmax(expected))
+    # an image query against texts, as vLLM's content parts send it
+    query = {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]}
+    response = client.post("/v2/rerank", json={"model": "m0", "query": query, "documents": TEXTS})
+    expected = reference([(IMAGES[1], text) for text in TEXTS])
+    np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_a_pair_of_two_images_is_a_400(served):
+    client, reference = served
+    query = {"image": data_uri(IMAGES[0])}
+    documents = [TEXTS[0], {"image": data_uri(IMAGES[1])}]
+    response = client.post("/v2/rerank", json={"model": "m0", "query": query, "documents": documents})
+    assert response.status_code == 400, response.text
+    message = response.json()["message"]
+    assert "documents[1] is an image, and so is the query" in message, message
+    # the server ranks on
+    response = client.post("/v2/rerank", json={"model": "m0", "query": QUERY, "documents": TEXTS})
+    expected = reference([(QUERY, text) for text in TEXTS])
+    np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
