@@ -88,6 +88,15 @@ def test_texts_ranked_as_jina_reranker_m0_lays_them_out(served):
     for route in ("/v1/rerank", "/v2/rerank"):
         response = client.post(route, json={"model": "m0", "query": QUERY, "documents": TEXTS})
         np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+    # vLLM's /score and TEI's /rerank lay the pairs out alike
+    response = client.post("/score", json={"model": "m0", "text_1": QUERY, "text_2": TEXTS})
+    assert response.status_code == 200, response.text
+    got = [item["score"] for item in response.json()["data"]]
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
+    response = client.post("/rerank", json={"model": "m0", "query": QUERY, "texts": TEXTS})
+    assert response.status_code == 200, response.text
+    got = {item["index"]: item["score"] for item in response.json()}
+    np.testing.assert_allclose([got[0], got[1]], expected, atol=TOLERANCE, rtol=0)
 
 
 def test_image_documents_and_an_image_query(served):
