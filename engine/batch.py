@@ -120,12 +120,13 @@ class PackedBatch:
         images, each of a kind a CUDA graph runs; None where it is of one kind, or asks for more than a row
         a sequence."""
         images = self.images
-        if not isinstance(images, ImageBatch) or images.only_images or images.text_seqs.numel() == 0:
+        if not isinstance(images, ImageBatch) or images.only_images:
             return None
-        if any(
-            layout is not None
-            for layout in (self.prefix_of, self.num_query_only, self.pool_cu_seqlens, self.row_index)
-        ) or (self.scored_against, self.kept_rows) != (None, None):
+        layouts = (
+            self.prefix_of, self.num_query_only, self.pool_cu_seqlens, self.row_index, self.scored_against,
+            self.kept_rows,
+        )  # fmt: skip
+        if any(layout is not None for layout in layouts):
             return None
 
         def part(tokens: torch.Tensor, cu_seqlens: torch.Tensor, own: ImageBatch | None) -> PackedBatch:

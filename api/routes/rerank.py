@@ -83,19 +83,16 @@ async def _rerank(
         document_item(document, data.rank_fields, index) for index, document in enumerate(data.documents)
     ]
     guard = RequestGuard(model.engine, request, server.config)
+    ranker = model.spec.task == "score"  # else an embedder, which ranks by its vectors
     has_images = any(isinstance(item, ImageInput) for item in [query, *items])
-    if model.spec.images is not None and model.spec.task == "score" and has_images:
-        # a vision-language ranker: each pair one sequence, its image in it
+    if model.spec.images is not None and (has_images or not ranker):
         check_texts(
             [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
         )
-        scores = await pair_scores_with_images(model, query, items, options, guard, server)
-    elif model.spec.images is not None and model.spec.task != "score":
-        # an image embedder: texts and images, each a vector
-        check_texts(
-            [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
-        )
-        scores = await dual_encoder_scores(model, query, items, guard, server)
+        if ranker:  # a vision-language ranker: each pair one sequence, its image in it
+            scores = await pair_scores_with_images(model, query, items, options, guard, server)
+        else:  # an image embedder: texts and images, each a vector
+            scores = await dual_encoder_scores(model, query, items, guard, server)
     else:
         images = [item for item in [query, *items] if isinstance(item, ImageInput)]
         if images:

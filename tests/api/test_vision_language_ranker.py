@@ -5,7 +5,6 @@ image's vision tokens where its text would be, scored sigmoid(logit - 2.65), wit
 Qwen2VLModel and the MLP on that layout with its own image processor; texts alone, image documents, an
 image query; a pair of two images is a 400."""
 
-import base64
 import io
 
 import numpy as np
@@ -17,25 +16,12 @@ from PIL import Image
 from api.app import create_app
 from api.config import ServerConfig
 from benchmarks.image_checkpoints import jina_ranker_checkpoint
+from tests.api.test_vision_language_inputs import IMAGES, data_uri
 
 TOLERANCE = 1e-5
 QUERY = "a photo of a cat"
 TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
 SCORE_TOKEN = 100
-
-
-def png(height: int, width: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def data_uri(data: bytes) -> str:
-    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
-
-
-IMAGES = [png(50, 70, 1), png(90, 40, 2)]
 
 
 def reference_scores(model, score, folder, pairs) -> np.ndarray:
