@@ -252,19 +252,20 @@ def pack(
         row_index=None if row_tokens is None else row_positions(flat_ids, row_tokens),
         scored_against=scored_against,
         kept_rows=kept_rows,
-        images=None if images is None else batch_images(cu_seqlens, flat_ids, images, output),
+        images=None if images is None else batch_images(cu_seqlens, flat_ids, positions, images, output),
     )
 
 
 def batch_images(
     cu_seqlens: np.ndarray,
     flat_ids: np.ndarray,
+    positions: np.ndarray,
     images: Sequence[np.ndarray | None],
     output: HeadOutput | None,
 ) -> ImageBatch | InlineImages | None:
     """pack's images: sequences of their own (ImageBatch), or inside texts where the head says so."""
     if output is not None and output.image_run is not None:
-        return inline_images(cu_seqlens, flat_ids, images, *output.image_run)
+        return inline_images(cu_seqlens, flat_ids, images, *output.image_run, places=positions)
     return image_batch(cu_seqlens, images)
 
 

@@ -70,19 +70,23 @@ def inline_images(
     images: Sequence[np.ndarray | None],
     image_token: int,
     merge: int,
+    places: np.ndarray | None = None,
 ) -> InlineImages | None:
     """The images of a batch (pack's `images`: per sequence a [rows, columns, patch_dim] grid or None)
     whose sequences hold, each, one run of `image_token` as long as its image's merged tokens; None where
-    it has no image. ValueError where a sequence's run does not match its image."""
+    it has no image. ValueError where a sequence's run does not match its image. `places`: each token's
+    place (pack's positions: a text that continues a shared prefix goes on after it); by default each
+    sequence's from 0."""
     if len(images) != len(cu_seqlens) - 1:
         raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
     num_tokens = int(cu_seqlens[-1])
-    positions = np.empty((3, num_tokens), dtype=np.int64)
+    if places is None:
+        places = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
+    positions = np.repeat(places[None].astype(np.int64), 3, axis=0)  # a text token's three: its place
     patches, vision_positions, grids, token_rows, counts = [], [], [], [], []
     for index, image in enumerate(images):
         start, end = int(cu_seqlens[index]), int(cu_seqlens[index + 1])
         if image is None:
-            positions[:, start:end] = np.arange(end - start)
             continue
         rows, columns, patch_dim = image.shape
         merged_rows, merged_columns = rows // merge, columns // merge

@@ -208,3 +208,18 @@ def test_placeholders_that_do_not_match_the_image_are_refused(inputs):
         assert asyncio.run(engine.run(sequences[:2], rows=RowRequest(images=images[:2]))).shape == (2, 64)
     finally:
         engine.stop()
+
+
+def test_a_text_that_continues_a_prefix_beside_an_image(inputs):
+    """A rerank's pairs that continue their shared prompt (a text judge's) may share a batch with an image:
+    their positions go on after the prefix there too, so that each row is its whole text's."""
+    spec, sequences, images, _ = inputs
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    prefix, continuation = sequences[0][:3], sequences[0][3:]
+    with torch.inference_mode():
+        whole = model(pack(sequences[:1])).numpy()
+        mixed = model(
+            pack([prefix, continuation, sequences[1]], prefix_of=[-1, 0, -1], images=[None, None, images[1]],
+                 output=model.output)
+        ).numpy()  # fmt: skip
+    np.testing.assert_allclose(mixed[1], whole[0], atol=TOLERANCE, rtol=0)
