@@ -23,7 +23,9 @@ SIGLIP_BASE_TEXT = {**BASE_VISION}
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
 
-def clip_tokenizer(specials: tuple[str, ...], template: str, vocab_size: int = 300):
+def clip_tokenizer(
+    specials: tuple[str, ...], template: str, vocab_size: int = 300, corpus: str = LISTWISE_CORPUS
+):
     """A byte-level BPE tokenizer trained on a small corpus, its template (the texts' special tokens) as the
     model's: CLIP's start and end of text, SigLIP's end of sequence."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -37,7 +39,7 @@ def clip_tokenizer(specials: tuple[str, ...], template: str, vocab_size: int = 3
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([LISTWISE_CORPUS], trainer)
+    tokenizer.train_from_iterator([corpus], trainer)
     special_ids = [(token, tokenizer.token_to_id(token)) for token in specials]
     tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=special_ids)
     return tokenizer
@@ -157,10 +159,15 @@ def vision_language_checkpoint(
     std: float = NOISE_STD,
     dtype: torch.dtype = torch.float32,
     kind: str = "qwen2_vl",
+    words: tuple[str, ...] = (),
+    tied: bool = False,
+    corpus: str = LISTWISE_CORPUS,
 ):
     """A random Qwen2-VL (Qwen2VLForConditionalGeneration, as gme-Qwen2-VL ships) or, `kind` "qwen3_vl",
-    Qwen3-VL in `folder`, with a tokenizer holding its vision tokens and a processor config of
-    `pixel_range`, its weights saved in `dtype` -> (folder, the model in float32, of those weights)."""
+    Qwen3-VL in `folder`, with a tokenizer trained on `corpus` holding its vision tokens (and `words`, each
+    one token) and a
+    processor config of `pixel_range`, its weights saved in `dtype`, its LM head `tied` to its embeddings
+    or its own -> (folder, the model in float32, of those weights)."""
     import transformers
 
     qwen3 = kind == "qwen3_vl"
@@ -171,7 +178,8 @@ def vision_language_checkpoint(
     vision = vision or (TINY_QWEN3_VL_VISION if qwen3 else TINY_QWEN2_VL_VISION)
     pixel_range = pixel_range or ((2 * patch) ** 2 * 4, (2 * patch) ** 2 * 16)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A")
+    tokenizer = clip_tokenizer(QWEN2_VL_SPECIALS, "$A", corpus=corpus)
+    tokenizer.add_tokens(list(words))
     ids = {token: tokenizer.token_to_id(token) for token in QWEN2_VL_SPECIALS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)}
     out = {"out_hidden_size": text["hidden_size"]} if qwen3 else {"hidden_size": text["hidden_size"]}
@@ -183,6 +191,7 @@ def vision_language_checkpoint(
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tied,
     )
     config.architectures = [model_class.__name__]
     torch.manual_seed(seed)
@@ -221,6 +230,20 @@ def jina_ranker_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD):
     config["architectures"] = ["JinaVLForRanking"]
     (folder / "config.json").write_text(json.dumps(config))
     return folder, model, score
+
+
+def qwen3_vl_judge_checkpoint(folder: Path, tied: bool, seed: int = 0, std: float = NOISE_STD):
+    """A random Qwen3-VL-Reranker in `folder`: a tiny Qwen3VLForConditionalGeneration whose model card files
+    it under text ranking, its tokenizer holding "yes" and "no" and merging ">:(" as a real one would (where
+    the judge's layout meets a document that starts with a parenthesis), its LM head `tied` to its
+    embeddings or its own -> (folder, the model in float32)."""
+    corpus = LISTWISE_CORPUS + " <Document>:(a" * 200
+    folder, model = vision_language_checkpoint(
+        folder, seed=seed, std=std, kind="qwen3_vl", words=("yes", "no"), tied=tied, corpus=corpus
+    )
+    card = "---\nlicense: apache-2.0\npipeline_tag: text-ranking\n---\n# A random Qwen3-VL-Reranker\n"
+    (folder / "README.md").write_text(card)
+    return folder, model
 
 
 # each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and

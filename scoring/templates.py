@@ -146,18 +146,22 @@ class TextPrompts:
 @dataclass(frozen=True, slots=True)
 class JudgePrompt:
     """An LLM reranker's chat prompt: the pair is one user turn, and the assistant's next token is
-    the judgment "yes" or "no". The query text ends where the document begins, so the two tokenize
-    apart as they would in one string (the space after "<Document>:" starts the first word)."""
+    the judgment "yes" or "no". The query text ends where the document's begins at a seam that the
+    tokenizer's pre-tokenizer cuts anyway, so the two tokenize apart as they would in one string:
+    Qwen3-Reranker's document starts with a space, which starts its first word; Qwen3-VL-Reranker's
+    ("<Document>:{document}", no space) with the ">:" that would otherwise join a leading "(" of it."""
 
     prefix: str
     suffix: str
     default_instruction: str
+    query_format: str = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>:"
+    document_format: str = " {document}"
 
     def query_text(self, query: str, instruction: str | None = None) -> str:
-        return f"<Instruct>: {instruction or self.default_instruction}\n<Query>: {query}\n<Document>:"
+        return self.query_format.format(instruction=instruction or self.default_instruction, query=query)
 
     def document_text(self, document: str) -> str:
-        return " " + document
+        return self.document_format.format(document=document)
 
     def pair_template(self, tokenizer: Tokenizer) -> PairTemplate:
         """The chat turn's fixed tokens around (query text, document text), no token types."""
@@ -174,6 +178,15 @@ QWEN3_JUDGE = JudgePrompt(
     'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n',
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     default_instruction="Given a web search query, retrieve relevant passages that answer the query",
+)
+# Qwen3-VL-Reranker's, as its chat template and its reranker's format_mm_instruction lay a pair out: no
+# think block, and each part's image (an image's vision tokens) right after its "<Query>:" or "<Document>:"
+QWEN3_VL_JUDGE = JudgePrompt(
+    prefix=QWEN3_JUDGE.prefix,
+    suffix="<|im_end|>\n<|im_start|>assistant\n",
+    default_instruction="Given a search query, retrieve relevant candidates that answer the query.",
+    query_format="<Instruct>: {instruction}<Query>:{query}\n<Document",
+    document_format=">:{document}",
 )
 
 
@@ -210,8 +223,9 @@ class DocumentFirstPrompt:
 
 # jina-reranker-m0's layout, as its modeling code builds it (the score token appended after padding)
 JINA_M0 = DocumentFirstPrompt("**Document**:\n", "\n**Query**:\n", score_token=100)
-JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE, "jina-m0": JINA_M0}
+JUDGE_PROMPTS = {"qwen3-judge": QWEN3_JUDGE, "qwen3-vl-judge": QWEN3_VL_JUDGE, "jina-m0": JINA_M0}
 QUERY_MARK, DOCUMENT_MARK = "\x00posy-query\x00", "\x00posy-document\x00"
+IMAGE_MARK = "\x00posy-image\x00"  # where an image's tokens go in the texts a prompt makes of it
 
 
 @dataclass(frozen=True, slots=True)

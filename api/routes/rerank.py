@@ -41,6 +41,7 @@ from api.server import Server
 from scoring.heads import cosine_to_scores, logits_to_scores
 from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
+from scoring.templates import IMAGE_MARK
 
 # lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
 # document is turned into text or returned (Python's recursion limit, which msgspec shares)
@@ -152,9 +153,10 @@ async def pair_scores_with_images(
     model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
     server: Server,
 ) -> np.ndarray:  # fmt: skip
-    """A vision-language ranker's scores (jina-reranker-m0's): each (query, document) pair one sequence in
-    the model's pair layout, an image's vision tokens where its text would be; a pair holds one image at
-    most (the query's or the document's). Texts are cut to what rerank reads of them (read_tokens)."""
+    """A vision-language ranker's scores (jina-reranker-m0's, Qwen3-VL-Reranker's): each (query, document)
+    pair one sequence in the model's pair layout and prompts, an image's vision tokens where its text
+    would be; a pair holds one image at most (the query's or the document's). Texts are cut to what rerank
+    reads of them (read_tokens)."""
     inputs = [query, *items]
     if isinstance(query, ImageInput):
         both = next((item for item in items if isinstance(item, ImageInput)), None)
@@ -168,14 +170,26 @@ async def pair_scores_with_images(
     grids = iter(await decoded_images(model, images, guard, server.config.images))
     query_tokens, document_tokens = read_tokens(model, options)
     limits = [query_tokens, *[document_tokens] * len(items)]
-    bound = model.encoder.bound
-    texts = [bound.cut(item, limit) for item, limit in zip(inputs, limits) if isinstance(item, str)]
-    tokenizing = model.encoder.content_ids_off_loop(texts, guard, max(query_tokens, document_tokens))
+    bound, prompts = model.encoder.bound, model.rerank_model().prompts
+
+    def prompted(item: Item, index: int) -> list[str]:
+        # a text in its prompt (one text); an image's prompt around it (the texts before and after it)
+        text = bound.cut(item, limits[index]) if isinstance(item, str) else IMAGE_MARK
+        text = prompts.query_text(text, options.instruction) if index == 0 else prompts.document_text(text)
+        return [text] if isinstance(item, str) else text.split(IMAGE_MARK)
+
+    pieces = [prompted(item, index) for index, item in enumerate(inputs)]
+    tokenizing = model.encoder.content_ids_off_loop(
+        [piece for parts in pieces for piece in parts], guard, max(query_tokens, document_tokens)
+    )
     ids = iter(await guard.tokenized(tokenizing))
     contents, pair_images = [], []
     for item, limit in zip(inputs, limits):
         grid = next(grids) if isinstance(item, ImageInput) else None
-        contents.append(next(ids)[:limit] if grid is None else vision_ids(model, grid))
+        if grid is None:
+            contents.append(next(ids)[:limit])
+        else:
+            contents.append([*next(ids), *vision_ids(model, grid), *next(ids)])
         pair_images.append(grid)
     window, sequences = model.spec.max_seq_length, []
     for index, document_ids in enumerate(contents[1:]):

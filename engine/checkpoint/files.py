@@ -19,6 +19,14 @@ def model_card(folder: Path) -> str:
     return card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
 
 
+def model_card_pipeline_tag(folder: Path) -> str | None:
+    """The task the model card's front matter names the model for (`pipeline_tag: text-ranking`), the one
+    the Hugging Face hub lists it under; None where it names none."""
+    front = re.match(r"---\s*\n(.*?)\n---", model_card(folder), re.DOTALL)
+    tag = re.search(r"^pipeline_tag:\s*['\"]?([\w-]+)", front.group(1), re.MULTILINE) if front else None
+    return tag.group(1) if tag else None
+
+
 def model_card_says_matryoshka(folder: Path) -> bool:
     """The model card names Matryoshka training: sentence-transformers' generated cards tag
     `loss:MatryoshkaLoss`; others (Qwen3-Embedding, pplx-embed) say "Matryoshka" or "MRL"."""

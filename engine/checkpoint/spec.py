@@ -20,7 +20,7 @@ from engine.models.bge_m3 import M3Spec
 from engine.models.clip import DualEncoderConfig
 from engine.models.dense import DenseLayout
 from engine.models.head_spec import HeadSpec
-from engine.models.heads import ClassifierSpec, JudgeSpec
+from engine.models.heads import JudgeSpec
 from engine.models.late_interaction import ColbertSpec
 from engine.models.listwise import ListwiseSpec
 from engine.models.registry import (
@@ -289,9 +289,10 @@ def served_window(
 
 def pair_format(checkpoint: Checkpoint, entry: ModelEntry, head: HeadSpec) -> str:
     """How rerank lays out a (query, document) pair: a LogitScore judge by its chat template, else as the
-    family (and its model card, for a judge's classifier conversion) says."""
+    head's own (a ranker's layout its detector knows), or as the family (and its model card, for a judge's
+    classifier conversion) says."""
     if isinstance(head, JudgeSpec) and head.logit_score is not None:
         return "chat-template"
-    if isinstance(head, ClassifierSpec) and head.pair_format is not None:
+    if head.pair_format is not None:
         return head.pair_format
     return entry.pair_format_of(model_card(checkpoint.folder))

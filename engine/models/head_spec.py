@@ -29,6 +29,7 @@ class HeadSpec:
     # the checkpoint runs as its family's bare model under this head (its own head, if any, unread); such
     # heads run on the families posy packs only
     replaces_head: bool = False
+    pair_format: str | None = None  # how rerank lays out a scorer's pairs, where not as its family does
 
     def output_dim(self, hf_config: Any) -> int:
         if self.num_labels:

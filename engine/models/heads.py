@@ -224,7 +224,6 @@ class ClassifierSpec(HeadSpec):
     task: str = "score"
     pooling: str = "cls"
     layout: ClassifierLayout | None = None  # the checkpoint's own, where it is not its family's
-    pair_format: str | None = None  # how rerank lays out its pairs, where not as its family does
 
     def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
         layout = self.layout or backbone.classifier_layout()
