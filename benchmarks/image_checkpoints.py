@@ -211,14 +211,15 @@ def vision_language_checkpoint(
     return folder, model
 
 
-def jina_ranker_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD):
-    """A random jina-reranker-m0 in `folder`: a tiny Qwen2-VL whose LM head is gone, its `score` MLP (dense,
-    ReLU, one logit) beside it, as the checkpoint names them, its config's architecture JinaVLForRanking ->
-    (folder, the Qwen2-VL model in float32, the score MLP)."""
+def jina_ranker_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD, **shape):
+    """A random jina-reranker-m0 in `folder`: a tiny Qwen2-VL (or of `shape`: vision_language_checkpoint's
+    text, vision and mrope_section) whose LM head is gone, its `score` MLP (dense, ReLU, one logit) beside
+    it, as the checkpoint names them, its config's architecture JinaVLForRanking -> (folder, the Qwen2-VL
+    model in float32, the score MLP)."""
     from safetensors.torch import load_file, save_file
     from torch import nn
 
-    folder, model = vision_language_checkpoint(folder, seed=seed, std=std)
+    folder, model = vision_language_checkpoint(folder, seed=seed, std=std, **shape)
     hidden = model.config.text_config.hidden_size
     mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
     score = randomized(mlp, seed + 1, std)
@@ -232,14 +233,15 @@ def jina_ranker_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD):
     return folder, model, score
 
 
-def qwen3_vl_judge_checkpoint(folder: Path, tied: bool, seed: int = 0, std: float = NOISE_STD):
+def qwen3_vl_judge_checkpoint(folder: Path, tied: bool, seed: int = 0, std: float = NOISE_STD, **shape):
     """A random Qwen3-VL-Reranker in `folder`: a tiny Qwen3VLForConditionalGeneration whose model card files
     it under text ranking, its tokenizer holding "yes" and "no" and merging ">:(" as a real one would (where
     the judge's layout meets a document that starts with a parenthesis), its LM head `tied` to its
-    embeddings or its own -> (folder, the model in float32)."""
+    embeddings or its own; tiny, or of `shape` (vision_language_checkpoint's text, vision and mrope_section)
+    -> (folder, the model in float32)."""
     corpus = LISTWISE_CORPUS + " <Document>:(a" * 200
     folder, model = vision_language_checkpoint(
-        folder, seed=seed, std=std, kind="qwen3_vl", words=("yes", "no"), tied=tied, corpus=corpus
+        folder, seed=seed, std=std, kind="qwen3_vl", words=("yes", "no"), tied=tied, corpus=corpus, **shape
     )
     card = "---\nlicense: apache-2.0\npipeline_tag: text-ranking\n---\n# A random Qwen3-VL-Reranker\n"
     (folder / "README.md").write_text(card)

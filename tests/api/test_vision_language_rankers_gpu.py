@@ -1,0 +1,58 @@
+"""The vision-language rankers on CUDA in bf16, through HTTP, against transformers' fp32 on the same
+layouts (the CPU tests' references): jina-reranker-m0 (Qwen2-VL, vision heads of 80 as Qwen2-VL-2B has)
+and Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64); text documents through CUDA graphs, image
+documents, an image query; each score within 1e-2 (sigmoids of logits near 0: a bf16 logit's error)."""
+
+import numpy as np
+import pytest
+import torch
+from litestar.testing import TestClient
+
+from api.app import create_app
+from api.config import EngineFlags, ServerConfig
+from benchmarks.image_checkpoints import jina_ranker_checkpoint, qwen3_vl_judge_checkpoint
+from tests.api import test_vision_language_judge as judge
+from tests.api import test_vision_language_ranker as jina
+from tests.api.test_vision_language_inputs import IMAGES, data_uri
+from tests.engine.test_vision_language_gpu import KINDS, TEXT
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+TOLERANCE = 1e-2
+QUERY, TEXTS = judge.QUERY, judge.TEXTS
+
+
+def checkpoint(kind: str, folder):
+    vision, sections = KINDS["qwen2_vl" if kind == "jina" else "qwen3_vl"]
+    shape = {"text": TEXT, "vision": vision, "mrope_section": sections}
+    if kind == "jina":
+        folder, model, score = jina_ranker_checkpoint(folder, std=0.05, **shape)
+        return folder, lambda pairs: jina.reference_scores(model, score, folder, pairs)
+    folder, model = qwen3_vl_judge_checkpoint(folder, tied=False, std=0.05, **shape)
+    return folder, lambda pairs: judge.reference_scores(model, folder, pairs)
+
+
+@pytest.mark.parametrize("kind", ["jina", "qwen3-vl-judge"])
+def test_rankers_in_bf16_match_fp32(tmp_path, kind):
+    folder, reference = checkpoint(kind, tmp_path / kind)
+    engine = EngineFlags("cuda", "bfloat16")
+    config = ServerConfig(models=(str(folder),), served_model_names=(("ranker",),), engine=engine)
+    documents = [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}]
+    image_query = {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]}
+    cases = [
+        ({"query": QUERY, "documents": TEXTS}, [(QUERY, text) for text in TEXTS]),
+        (
+            {"query": QUERY, "documents": documents},
+            [(QUERY, IMAGES[0]), (QUERY, TEXTS[0]), (QUERY, IMAGES[1])],
+        ),
+        ({"query": image_query, "documents": TEXTS}, [(IMAGES[1], text) for text in TEXTS]),
+    ]
+    with TestClient(create_app(config)) as client:
+        for body, pairs in cases:
+            expected = reference(pairs)
+            for _ in range(3):  # eagerly, then captured, then replayed (texts)
+                response = client.post("/v2/rerank", json={"model": "ranker", **body})
+                got = judge.scores_of(response)
+                np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
