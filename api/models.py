@@ -73,6 +73,8 @@ class ServedModel:
         spec = self.spec
         if self.encoder.pair_prompt is not None:
             prompts = self.encoder.pair_prompt
+        elif self.late_interaction is not None:  # its text layout, if it has one (ColQwen2's)
+            prompts = self.late_interaction
         elif spec.task == "embed":
             # an embedding model ranks with its own query and document prompts, as its retrieval does
             prompts = TextPrompts(

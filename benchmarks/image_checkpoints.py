@@ -248,6 +248,23 @@ def qwen3_vl_judge_checkpoint(folder: Path, tied: bool, seed: int = 0, std: floa
     return folder, model
 
 
+def colqwen2_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD, dim: int = 16, **shape):
+    """A random ColQwen2 in `folder`, as transformers' ColQwen2ForRetrieval saves it (its config wrapping a
+    tiny Qwen2-VL's, or one of `shape`, as vlm_config; the Qwen2-VL under "vlm."; `embedding_proj_layer`
+    to `dim`) -> (folder, the Qwen2-VL model in float32, the projection)."""
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval
+
+    folder, model = vision_language_checkpoint(folder, seed=seed, std=std, **shape)
+    config = ColQwen2Config(vlm_config=model.config.to_dict(), embedding_dim=dim)
+    config.architectures = ["ColQwen2ForRetrieval"]
+    retriever = ColQwen2ForRetrieval(config).eval()
+    retriever.vlm.load_state_dict(model.model.state_dict())
+    randomized(retriever.embedding_proj_layer, seed + 1, std)
+    (folder / "model.safetensors").unlink()
+    retriever.save_pretrained(folder)
+    return folder, model, retriever.embedding_proj_layer
+
+
 # each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
 # Qwen3-VL-Embedding's (its own instruction), <|endoftext|> pooled
 EMBEDDER_LAYOUT = (

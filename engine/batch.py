@@ -361,7 +361,8 @@ def check_images(output: HeadOutput, rows: RowRequest, token_ids: Sequence[Seque
     (HeadOutput.image_run) as long as its merged patches."""
     if not output.takes_images:
         raise ValueError("this model takes no images")
-    if rows.prefix is not None or rows.spans is not None:
+    # a prefix its sequences continue holds no image; one they are scored against (a query) may come
+    if (rows.prefix is not None and not output.scores_prefix) or rows.spans is not None:
         raise ValueError("images come without a shared prefix or spans")
     if len(rows.images) != len(token_ids):
         raise ValueError(f"{len(rows.images)} image entries for {len(token_ids)} sequences")

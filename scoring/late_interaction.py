@@ -1,7 +1,8 @@
-"""Late interaction (ColBERT): how a query's and a document's tokens are laid out (a marker after the first
-special token, cut to the model's lengths, a query expanded with its mask token), which of a document's
-token vectors count (its punctuation's do not), and MaxSim: each query vector's best match among a
-document's, summed."""
+"""Late interaction (ColBERT, ColQwen2): how a query's and a document's tokens are laid out (a marker after
+the first special token, cut to the model's lengths, a query expanded with its mask token; or a text layout
+around them, as ColQwen2's processor writes it, an image document's too), which of a document's token
+vectors count (its punctuation's do not), and MaxSim: each query vector's best match among a document's,
+summed."""
 
 from __future__ import annotations
 
@@ -11,16 +12,52 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.checkpoint.colbert import ColbertConfig
-from scoring.templates import SingleTemplate
+from scoring.templates import IMAGE_MARK, SingleTemplate
 
 # the input types (a request's input_type, posy embed's --input-type) that lay texts out as queries
 QUERY_INPUT_TYPES = ("query", "search_query")
 
 
 @dataclass(frozen=True, slots=True)
+class TextLayout:
+    """The text a multi-vector model's processor makes of a query, a text document and an image document:
+    "{}" is the text, IMAGE_MARK the image's vision tokens."""
+
+    query: str
+    document: str
+    image: str
+
+
+# transformers' ColQwen2Processor (as colpali-engine's): a query's ten augmentation tokens after it; any text
+# is laid out so, documents too
+COLQWEN2_QUERY = "Query: {}" + "<|endoftext|>" * 10 + "\n"
+COLQWEN2 = TextLayout(
+    query=COLQWEN2_QUERY,
+    document=COLQWEN2_QUERY,
+    image=f"<|im_start|>user\n{IMAGE_MARK}Describe the image.<|im_end|><|endoftext|>",
+)
+TEXT_LAYOUTS = {"colqwen2": COLQWEN2}
+
+
+@dataclass(frozen=True, slots=True)
 class LateInteraction:
     config: ColbertConfig
     single: SingleTemplate
+
+    @property
+    def layout(self) -> TextLayout | None:
+        return TEXT_LAYOUTS[self.config.text_layout] if self.config.text_layout is not None else None
+
+    # the prompts protocol of scoring/templates: a query's and a document's text before tokenization
+    def query_text(self, query: str, instruction: str | None = None) -> str:
+        return query if self.layout is None else self.layout.query.format(query)
+
+    def document_text(self, document: str) -> str:
+        return document if self.layout is None else self.layout.document.format(document)
+
+    def image_texts(self) -> list[str] | None:
+        """The texts before and after an image document's vision tokens; None: the model takes no image."""
+        return None if self.layout is None else self.layout.image.split(IMAGE_MARK)
 
     def query_ids(self, content: Sequence[int]) -> list[int]:
         """A query's tokens: cut to query_length, then expanded to it (where the model expands)."""

@@ -13,7 +13,7 @@ from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
 from scoring.late_interaction import LateInteraction
-from scoring.templates import JudgePrompt, PairTemplate, SingleTemplate, TextPrompts
+from scoring.templates import PairPrompt, PairTemplate, SingleTemplate, TextPrompts
 
 MAX_CHUNKS_PER_REQUEST = 10_000
 
@@ -27,7 +27,7 @@ class RerankModel:
     # True: (query, chunk) pairs through a classifier or an LLM judge; False: cosine of separate embeddings
     cross_encoder: bool
     # how the query and documents become texts before tokenization
-    prompts: TextPrompts | JudgePrompt = TextPrompts()
+    prompts: TextPrompts | PairPrompt | LateInteraction = TextPrompts()
     # a ColBERT model: MaxSim of the query's token vectors against each chunk's
     late_interaction: LateInteraction | None = None
     rows: RowRequest = ALL_ROWS  # what its rerank asks of the engine's rows (bge-m3's: dense vectors)

@@ -119,7 +119,9 @@ async def _token_ids(
     encoder, late = model.encoder, model.late_interaction
     if late is not None:  # cut to the model's query or document length, as its own encode does
         room = late.content_room(is_query)
-        content = await encoder.content_ids_off_loop(encoder.bounded(texts, room), guard, room)
+        laid_out = late.query_text if is_query else late.document_text
+        texts = [laid_out(text) for text in encoder.bounded(texts, room)]
+        content = await encoder.content_ids_off_loop(texts, guard, room)
         return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
     spec = model.spec
     prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)

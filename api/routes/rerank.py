@@ -38,7 +38,7 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
-from scoring.heads import cosine_to_scores, logits_to_scores
+from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
 from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
 from scoring.templates import IMAGE_MARK
@@ -85,13 +85,16 @@ async def _rerank(
     ]
     guard = RequestGuard(model.engine, request, server.config)
     ranker = model.spec.task == "score"  # else an embedder, which ranks by its vectors
+    late = model.late_interaction is not None  # ranks by MaxSim of its token vectors; texts as ColBERT does
     has_images = any(isinstance(item, ImageInput) for item in [query, *items])
-    if model.spec.images is not None and (has_images or not ranker):
+    if model.spec.images is not None and (has_images or not (ranker or late)):
         check_texts(
             [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
         )
         if ranker:  # a vision-language ranker: each pair one sequence, its image in it
             scores = await pair_scores_with_images(model, query, items, options, guard, server)
+        elif late:  # a multi-vector image retriever (ColQwen2): MaxSim against each document
+            scores = await max_sim_with_images(model, query, items, options, guard, server)
         else:  # an image embedder: texts and images, each a vector
             scores = await dual_encoder_scores(model, query, items, guard, server)
     else:
@@ -205,6 +208,53 @@ async def pair_scores_with_images(
     pair_grids = [query_image if image is None else image for image in pair_images[1:]]
     logits = await guard.run(sequences, rows=dataclasses.replace(model.rows(RERANK), images=pair_grids))
     return logits_to_scores(logits, raw=options.raw_scores)
+
+
+async def max_sim_with_images(
+    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
+    server: Server,
+) -> np.ndarray:  # fmt: skip
+    """A multi-vector image retriever's scores (ColQwen2's): the query's token vectors' MaxSim against each
+    document's, on the device, the query run once a batch (as ColBERT's rerank); each laid out as the
+    model's processor lays it out (LateInteraction.layout), an image document's vision tokens in its own.
+    Texts are cut to what rerank reads of them (read_tokens), then to the model's lengths."""
+    late = model.late_interaction
+    if isinstance(query, ImageInput):
+        raise InvalidInput(
+            f"the query is an image: the model '{model.name}' embeds a query from its text (images are "
+            "documents)",
+            "query",
+        )
+    images = [item for item in items if isinstance(item, ImageInput)]
+    grids = iter(await decoded_images(model, images, guard, server.config.images))
+    query_tokens, document_tokens = read_tokens(model, options)
+    bound, before_after = model.encoder.bound, late.image_texts()
+    texts = [late.query_text(bound.cut(query, late.content_room(True)))]
+    for item in items:
+        if isinstance(item, str):
+            texts.append(late.document_text(bound.cut(item, min(document_tokens, late.content_room(False)))))
+        else:
+            texts.extend(before_after)
+    tokenizing = model.encoder.content_ids_off_loop(texts, guard, max(query_tokens, document_tokens))
+    ids = iter(await guard.tokenized(tokenizing))
+    query_ids, documents, document_images = late.query_ids(next(ids)), [], []
+    window = model.spec.max_seq_length
+    for index, item in enumerate(items):
+        grid = next(grids) if isinstance(item, ImageInput) else None
+        if grid is None:
+            documents.append(late.document_ids(next(ids)[:document_tokens]))
+        else:
+            documents.append([*next(ids), *vision_ids(model, grid), *next(ids)])
+            if len(documents[-1]) > window:
+                raise InvalidInput(
+                    f"documents[{index}] takes {len(documents[-1])} tokens, more than the model's window of "
+                    f"{window}",
+                    "documents",
+                )
+        document_images.append(grid)
+    rows = dataclasses.replace(model.rows(RERANK), prefix=query_ids, images=document_images)
+    max_sims = await guard.run(documents, rows=rows)
+    return max_sim_to_scores(max_sims[:, 0], len(query_ids), raw=options.raw_scores)
 
 
 def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:

@@ -46,6 +46,13 @@ class ColbertConfig:
     skiplist_ids: frozenset[int]  # a document's tokens of these ids give no vector (punctuation)
     # colbert-ai's `linear.weight` in the checkpoint, of this many outputs (None: PyLate's Dense modules)
     linear_dim: int | None
+    linear_name: str = "linear"  # the checkpoint's name of that projection
+    linear_bias: bool = False
+    # a wrapper's prefix of the backbone's weight names (ColQwen2's "vlm."); "": none
+    wrapped_in: str = ""
+    # how scoring lays out its queries and documents as texts (scoring/late_interaction.TEXT_LAYOUTS), its
+    # image documents too where it has such a layout; None: as they are, with the markers above
+    text_layout: str | None = None
 
     @property
     def window(self) -> int:
@@ -133,13 +140,41 @@ def _prefix_id(name: str, tokenizer, prefix: str | None) -> int | None:
     return token
 
 
+# multi-vector image retrievers over a vision-language model: architecture -> (its projection's name, its
+# wrapper's prefix of the model's weights, scoring's text layout)
+MULTI_VECTOR_VISION = {"ColQwen2ForRetrieval": ("embedding_proj_layer", "vlm.", "colqwen2")}
+
+
+def read_multi_vector_vision(checkpoint_config: dict, architecture: str, hf_config: Any) -> ColbertConfig:
+    """A ColQwen2's layout: every token of a query and of a document gives a vector (no markers, no
+    expansion, no skiplist), through a projection with a bias to `embedding_dim`, each as long as the
+    model's window; its texts laid out by scoring (`text_layout`)."""
+    linear_name, wrapped_in, text_layout = MULTI_VECTOR_VISION[architecture]
+    window = hf_config.get_text_config().max_position_embeddings
+    return ColbertConfig(
+        query_prefix_id=None,
+        document_prefix_id=None,
+        query_length=window,
+        document_length=window,
+        expansion_token_id=None,
+        attend_to_expansion=True,
+        skiplist_ids=frozenset(),
+        linear_dim=int(checkpoint_config.get("embedding_dim", 128)),
+        linear_name=linear_name,
+        linear_bias=True,
+        wrapped_in=wrapped_in,
+        text_layout=text_layout,
+    )
+
+
 def colbert_projection(
     name: str, folder: Path, modules: list[dict] | None, hidden_size: int, colbert: ColbertConfig
 ) -> tuple[DenseLayout, ...]:
-    """A ColBERT model's projection: PyLate's Dense modules, or colbert-ai's bias-free `linear`."""
+    """A ColBERT model's projection: PyLate's Dense modules, or one in the checkpoint (colbert-ai's bias-free
+    `linear`, ColQwen2's `embedding_proj_layer`)."""
     if modules is None:
-        dim = colbert.linear_dim or hidden_size
-        return (DenseLayout(folder, hidden_size, dim, bias=False, activation="Identity", residual=False),)
+        dim, bias = colbert.linear_dim or hidden_size, colbert.linear_bias
+        return (DenseLayout(folder, hidden_size, dim, bias=bias, activation="Identity", residual=False),)
     kinds = module_kinds(modules)
     if [kind for kind in kinds if kind != "Dense"] != ["Transformer"] or kinds[0] != "Transformer":
         raise UnsupportedModel(f"model {name!r}: ColBERT modules {kinds} are not supported")

@@ -11,6 +11,9 @@ from engine.checkpoint.files import module_kinds, read_json, sentence_transforme
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.errors import ModelNotFound, UnsupportedModel
 
+# retrieval models whose config wraps the model posy packs (ColQwen2's Qwen2-VL): its inner config is the
+# checkpoint's, the wrapper's architecture names the head (engine/models/late_interaction.py)
+WRAPPED_CONFIGS = {"colqwen2": "vlm_config"}
 REMOTE_CODE = (
     "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
     "--trust-remote-code, which runs the code inside the checkpoint folder"
@@ -66,6 +69,8 @@ def read_folder(name: str, folder: Path, trust_remote_code: bool, pooling_flag: 
             raise UnsupportedModel(REMOTE_CODE.format(name=name)) from error
         raise UnsupportedModel(f"model {name!r}: cannot read its config.json: {error}") from error
     architectures = getattr(hf_config, "architectures", None) or []
+    if hf_config.model_type in WRAPPED_CONFIGS:
+        hf_config = getattr(hf_config, WRAPPED_CONFIGS[hf_config.model_type])
     st_config = read_json(folder / "config_sentence_transformers.json") or {}
     architecture = architectures[0] if architectures else ""
     return Checkpoint(

@@ -190,11 +190,13 @@ def read_spec(
         matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
         images=image_layout(checkpoint, family_config),
         text_padding=text_padding(checkpoint, family_config),
-        input_layout=input_layout(checkpoint, family_config),
+        input_layout=input_layout(checkpoint, family_config) if head.task == "embed" else None,
     )
 
 
 def input_layout(checkpoint: Checkpoint, family_config: Any) -> InputLayout | None:
+    """How a vision-language embedder lays each input out (its chat template); a ranker's or a multi-vector
+    model's pairs and inputs are laid out by scoring."""
     if not isinstance(family_config, VisionLanguageConfig):
         return None
     purpose = "it lays out its inputs with its chat template"
@@ -264,7 +266,10 @@ def check_head(checkpoint: Checkpoint, head: HeadSpec) -> None:
             )
     if not head.dense:
         return
-    sizes = [checkpoint.hf_config.hidden_size, *(layer.out_features for layer in head.dense)]
+    sizes = [
+        checkpoint.hf_config.get_text_config().hidden_size,
+        *(layer.out_features for layer in head.dense),
+    ]
     for layer, size in zip(head.dense, sizes):
         if layer.in_features != size:
             raise UnsupportedModel(

@@ -106,12 +106,13 @@ class Embedder(Head):
 
 def dense_targets(dense: nn.ModuleList, linear_name: str | None = None) -> WeightTargets:
     """The sentence-transformers Dense modules' tensors (HeadSpec.extra_tensors names them) -> the head's
-    `dense` list; `linear_name`: the checkpoint's own name of a lone bias-free projection (colbert-ai's
-    `linear.weight`)."""
+    `dense` list; `linear_name`: the checkpoint's own name of a lone projection (colbert-ai's `linear`,
+    ColQwen2's `embedding_proj_layer`)."""
     targets: WeightTargets = {}
     for index, layer in enumerate(dense):
         for name, _ in layer.named_parameters():
-            source = linear_name if linear_name is not None else f"{DENSE_PREFIX}.{index}.{name}"
+            leaf = name.rsplit(".", 1)[-1]
+            source = f"{linear_name}.{leaf}" if linear_name is not None else f"{DENSE_PREFIX}.{index}.{name}"
             targets[source] = (f"dense.{index}.{name}", None)
     return targets
 

@@ -14,7 +14,16 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.batch import PackedBatch
-from engine.checkpoint.colbert import ColbertConfig, colbert_projection, is_colbert_folder, read_colbert
+from engine.checkpoint.colbert import (
+    MULTI_VECTOR_VISION,
+    ColbertConfig,
+    colbert_projection,
+    is_colbert_folder,
+    read_colbert,
+    read_multi_vector_vision,
+)
+from engine.checkpoint.files import read_json
+from engine.errors import UnsupportedModel
 from engine.models.backbone import Backbone
 from engine.models.dense import Dense, DenseLayout
 from engine.models.head_spec import HeadSpec
@@ -41,8 +50,12 @@ class TokenEmbedder(Head):
         query_only_token: int | None = None,
         linear_name: str | None = None,
         skiplist_ids: Sequence[int] = (),
+        wrapped_in: str = "",
     ):
         super().__init__(backbone)
+        if wrapped_in:  # the backbone's names under a wrapper's (ColQwen2's "vlm.")
+            prefixes = (*backbone.checkpoint_prefixes, "")
+            self.checkpoint_prefixes = tuple(wrapped_in + prefix for prefix in prefixes)
         self.dense = nn.ModuleList(Dense(layout) for layout in dense)
         width = dense[-1].out_features if dense else backbone.hidden_size
         self.output = HeadOutput(
@@ -117,10 +130,11 @@ class ColbertSpec(HeadSpec):
 
     def build(self, backbone: Backbone, spec: ModelSpec) -> nn.Module:
         colbert = self.colbert
-        linear_name = "linear.weight" if colbert.linear_dim is not None else None
+        linear_name = colbert.linear_name if colbert.linear_dim is not None else None
         return TokenEmbedder(
-            backbone, self.dense, colbert.query_only_token(), linear_name, colbert.skiplist_ids
-        )
+            backbone, self.dense, colbert.query_only_token(), linear_name, colbert.skiplist_ids,
+            colbert.wrapped_in,
+        )  # fmt: skip
 
     def extra_tensors(self, spec: ModelSpec) -> dict[str, torch.Tensor]:
         # colbert-ai's projection is in the checkpoint itself
@@ -128,7 +142,16 @@ class ColbertSpec(HeadSpec):
 
 
 def detect_colbert(checkpoint: Checkpoint) -> ColbertSpec | None:
-    """A PyLate folder or a colbert-ai one."""
+    """A PyLate folder, a colbert-ai one, or a multi-vector image retriever (ColQwen2)."""
+    name, hf_config = checkpoint.name, checkpoint.hf_config
+    if checkpoint.architecture in MULTI_VECTOR_VISION:
+        if hf_config.model_type != "qwen2_vl":
+            raise UnsupportedModel(f"model {name!r}: {checkpoint.architecture} over {hf_config.model_type}")
+        own = read_json(checkpoint.transformer_dir / "config.json")
+        colbert = read_multi_vector_vision(own, checkpoint.architecture, hf_config)
+        hidden = hf_config.get_text_config().hidden_size
+        dense = colbert_projection(name, checkpoint.folder, None, hidden, colbert)
+        return ColbertSpec(dense=dense, colbert=colbert)
     if not is_colbert_folder(checkpoint.folder, checkpoint.modules, checkpoint.hf_config):
         return None
     name, folder, modules = checkpoint.name, checkpoint.folder, checkpoint.modules

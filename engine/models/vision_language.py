@@ -233,8 +233,9 @@ class VisionTower(nn.Module):
 
 
 class VisionLanguageBackbone(DecoderBackbone):
-    # transformers 5's names, then the checkpoints' ("model.layers...", "visual.blocks...")
-    checkpoint_prefixes = ("model.language_model.", "model.")
+    # transformers 5's names, then the checkpoints' ("model.layers...", "visual.blocks..."), then a bare
+    # Qwen2VLModel's ("language_model.layers...", as ColQwen2 wraps one)
+    checkpoint_prefixes = ("model.language_model.", "model.", "language_model.")
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """The vision-language rankers on CUDA in bf16, through HTTP, against transformers' fp32 on the same
-layouts (the CPU tests' references): jina-reranker-m0 (Qwen2-VL, vision heads of 80 as Qwen2-VL-2B has)
-and Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64); text documents through CUDA graphs, image
-documents, an image query; each score within 1e-2 (sigmoids of logits near 0: a bf16 logit's error)."""
+layouts (the CPU tests' references): jina-reranker-m0 (Qwen2-VL, vision heads of 80 as Qwen2-VL-2B has),
+Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64) and ColQwen2 (MaxSim on the device); text documents
+through CUDA graphs, image documents, an image query (not ColQwen2's); each score within 1e-2 (sigmoids
+of logits near 0, or means of cosines: a bf16 error)."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,12 @@ from litestar.testing import TestClient
 
 from api.app import create_app
 from api.config import EngineFlags, ServerConfig
-from benchmarks.image_checkpoints import jina_ranker_checkpoint, qwen3_vl_judge_checkpoint
+from benchmarks.image_checkpoints import (
+    colqwen2_checkpoint,
+    jina_ranker_checkpoint,
+    qwen3_vl_judge_checkpoint,
+)
+from tests.api import test_colqwen as colqwen
 from tests.api import test_vision_language_judge as judge
 from tests.api import test_vision_language_ranker as jina
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
@@ -25,16 +31,26 @@ QUERY, TEXTS = judge.QUERY, judge.TEXTS
 
 
 def checkpoint(kind: str, folder):
-    vision, sections = KINDS["qwen2_vl" if kind == "jina" else "qwen3_vl"]
+    vision, sections = KINDS["qwen3_vl" if kind == "qwen3-vl-judge" else "qwen2_vl"]
     shape = {"text": TEXT, "vision": vision, "mrope_section": sections}
     if kind == "jina":
         folder, model, score = jina_ranker_checkpoint(folder, std=0.05, **shape)
         return folder, lambda pairs: jina.reference_scores(model, score, folder, pairs)
+    if kind == "colqwen2":
+        folder, model, projection = colqwen2_checkpoint(folder, std=0.05, **shape)
+
+        def max_sims(pairs):
+            query = colqwen.reference_vectors(model, projection, folder, [pairs[0][0]])[0]
+            documents = colqwen.reference_vectors(model, projection, folder, [pair[1] for pair in pairs])
+            return [(1 + colqwen.max_sim(query, document) / len(query)) / 2 for document in documents]
+
+        return folder, max_sims
+    # Qwen3-VL-Reranker
     folder, model = qwen3_vl_judge_checkpoint(folder, tied=False, std=0.05, **shape)
     return folder, lambda pairs: judge.reference_scores(model, folder, pairs)
 
 
-@pytest.mark.parametrize("kind", ["jina", "qwen3-vl-judge"])
+@pytest.mark.parametrize("kind", ["jina", "qwen3-vl-judge", "colqwen2"])
 def test_rankers_in_bf16_match_fp32(tmp_path, kind):
     folder, reference = checkpoint(kind, tmp_path / kind)
     engine = EngineFlags("cuda", "bfloat16")
@@ -47,8 +63,9 @@ def test_rankers_in_bf16_match_fp32(tmp_path, kind):
             {"query": QUERY, "documents": documents},
             [(QUERY, IMAGES[0]), (QUERY, TEXTS[0]), (QUERY, IMAGES[1])],
         ),
-        ({"query": image_query, "documents": TEXTS}, [(IMAGES[1], text) for text in TEXTS]),
     ]
+    if kind != "colqwen2":  # ColQwen2 embeds a query from its text
+        cases.append(({"query": image_query, "documents": TEXTS}, [(IMAGES[1], text) for text in TEXTS]))
     with TestClient(create_app(config)) as client:
         for body, pairs in cases:
             expected = reference(pairs)

@@ -1,0 +1,111 @@
+"""ColQwen2 (transformers' ColQwen2ForRetrieval: Qwen2-VL under a projection, engine/models/late_interaction)
+on a tiny random checkpoint: each query and document laid out as its processor lays it out (a query
+"Query: {text}" and ten <|endoftext|> then a newline; an image document its vision tokens in "<|im_start|>user
+\\n...Describe the image.<|im_end|><|endoftext|>"), every token's projected unit vector within 1e-5 of
+transformers' Qwen2-VL (M-RoPE over the image's grid, as colpali-engine runs it) with its own image processor;
+rerank by MaxSim against image and text documents; /pooling's token vectors; an image query is a 400."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from litestar.testing import TestClient
+from PIL import Image
+
+from api.app import create_app
+from api.config import ServerConfig
+from benchmarks.image_checkpoints import colqwen2_checkpoint
+from tests.api.test_vision_language_inputs import IMAGES, data_uri
+
+TOLERANCE = 1e-5
+QUERY = "a photo of a cat"
+TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
+QUERY_LAYOUT = "Query: {}" + "<|endoftext|>" * 10 + "\n"
+IMAGE_LAYOUT = "<|im_start|>user\n{}Describe the image.<|im_end|><|endoftext|>"
+
+
+def reference_vectors(model, projection, folder, items) -> list[np.ndarray]:
+    """colpali-engine's token vectors of each item, a text laid out as a query, a PNG as an image document:
+    Qwen2-VL's last hidden states (its M-RoPE positions from the image's grid), projected, normalized."""
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = AutoImageProcessor.from_pretrained(folder)
+    vectors = []
+    for item in items:
+        inputs = {}
+        if isinstance(item, str):
+            text = QUERY_LAYOUT.format(item)
+        else:
+            pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
+            inputs = {"pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"]}
+            pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
+            text = IMAGE_LAYOUT.format(f"<|vision_start|>{pads}<|vision_end|>")
+        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
+        if inputs:
+            inputs["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+        with torch.inference_mode():
+            hidden = model.model(input_ids=ids, **inputs).last_hidden_state[0]
+            vectors.append(F.normalize(projection(hidden), dim=-1).numpy())
+    return vectors
+
+
+def max_sim(query: np.ndarray, document: np.ndarray) -> float:
+    return float((query @ document.T).max(axis=1).sum())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder, model, projection = colqwen2_checkpoint(tmp_path_factory.mktemp("colqwen") / "colqwen")
+    config = ServerConfig(models=(str(folder),), served_model_names=(("colqwen",),), tokenizer_threads=2)
+    with TestClient(create_app(config)) as client:
+        yield client, lambda items: reference_vectors(model, projection, folder, items)
+
+
+def scores_of(response) -> list[float]:
+    assert response.status_code == 200, response.text
+    got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
+    return [got[index] for index in range(len(got))]
+
+
+def test_rerank_by_max_sim_against_images_and_texts(served):
+    client, reference = served
+    query, *documents = reference([QUERY, IMAGES[0], TEXTS[0], IMAGES[1], TEXTS[1]])
+    raw = np.array([max_sim(query, document) for document in documents])
+    assert np.ptp(raw) > 100 * TOLERANCE  # the scores differ: the comparison can fail
+    body = {
+        "model": "colqwen",
+        "query": QUERY,
+        "documents": [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]],
+    }
+    for route in ("/v1/rerank", "/v2/rerank"):
+        response = client.post(route, json=body)
+        np.testing.assert_allclose(scores_of(response), (1 + raw / len(query)) / 2, atol=TOLERANCE, rtol=0)
+    # texts alone take the ColBERT path: the query once a batch, each text scored against it
+    response = client.post("/v2/rerank", json={"model": "colqwen", "query": QUERY, "documents": TEXTS})
+    np.testing.assert_allclose(
+        scores_of(response), (1 + raw[[1, 3]] / len(query)) / 2, atol=TOLERANCE, rtol=0
+    )
+
+
+def test_token_vectors_of_queries(served):
+    client, reference = served
+    expected = reference([QUERY, TEXTS[0]])
+    body = {"model": "colqwen", "input": [QUERY, TEXTS[0]], "task": "token_embed", "input_type": "query"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 200, response.text
+    for item, vectors in zip(response.json()["data"], expected):
+        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+
+
+def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
+    client, _ = served
+    query = {"image": data_uri(IMAGES[0])}
+    response = client.post("/v2/rerank", json={"model": "colqwen", "query": query, "documents": TEXTS})
+    assert response.status_code == 400, response.text
+    assert "the query is an image" in response.json()["message"]
+    response = client.post("/v2/rerank", json={"model": "colqwen", "query": QUERY, "documents": TEXTS})
+    assert response.status_code == 200, response.text
