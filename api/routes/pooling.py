@@ -5,6 +5,7 @@ classifier's "token_classify": a row of logits a token), as its HeadOutput decla
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -17,6 +18,7 @@ from api.body import decode_body
 from api.config import MAX_TOKEN_OUTPUT_FLOATS
 from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
+from api.image_inputs import ImageInput, content_item, decoded_images, vision_ids
 from api.inputs import check_texts
 from api.models import EMBED, TASK_ROUTES, TOKEN_EMBED, ServedModel
 from api.prompts import select_prompt
@@ -40,10 +42,18 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     """vLLM's pooling: each text's pooled vector (`embed`), its token vectors (`token_embed`: ColBERT,
     bge-m3's ColBERT vectors), or bge-m3's dense, lexical and ColBERT outputs at once (`all`)."""
     data = await decode_body(request, PoolingRequest)
-    texts = [data.input] if isinstance(data.input, str) else data.input
-    if not texts:
+    inputs = [data.input] if isinstance(data.input, str) else data.input
+    if not inputs:
         raise InvalidInput("input must not be empty", "input")
-    check_texts(texts, server.config.max_inputs, "input")
+    items = [
+        item if isinstance(item, str) else content_item(item, f"input[{index}]")
+        for index, item in enumerate(inputs)
+    ]
+    # (an image counts among the inputs; its place names it, never empty)
+    check_texts(
+        [item if isinstance(item, str) else item.param for item in items], server.config.max_inputs, "input"
+    )
+    texts = [item for item in items if isinstance(item, str)]
     task = data.task or _own_task(server, data.model)
     if task in TASK_ROUTES and task not in (EMBED, TOKEN_EMBED):
         raise InvalidInput(
@@ -56,12 +66,17 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         raise InvalidInput(f"task 'all' is bge-m3's; the model '{model.name}' has no such outputs", "task")
     guard = RequestGuard(model.engine, request, server.config)
     is_query = data.input_type in QUERY_INPUT_TYPES
-    sequences = await guard.tokenized(
-        _token_ids(model, texts, data, is_query, server.config.auto_truncate, guard)
-    )
-    num_tokens = sum(map(len, sequences))
+    sequences: list[list[int]] = []
+    if texts:
+        sequences = await guard.tokenized(
+            _token_ids(model, texts, data, is_query, server.config.auto_truncate, guard)
+        )
     output = model.engine.output
     asked = ALL_ROWS if task == "all" else model.rows(task)  # bge-m3's all: its whole token rows
+    if len(texts) < len(items):  # images among them
+        sequences, grids = await _with_images(model, task, items, sequences, guard, server)
+        asked = dataclasses.replace(asked, images=grids)
+    num_tokens = sum(map(len, sequences))
     width = asked.width(output)
     token_rows = output.token_rows and not asked.first_rows
     if task != EMBED and token_rows and num_tokens * width > MAX_TOKEN_OUTPUT_FLOATS:
@@ -94,6 +109,38 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
         usage=ScoreUsage(prompt_tokens=num_tokens, total_tokens=num_tokens),
     )
     return EncodedJson(response)
+
+
+async def _with_images(
+    model: ServedModel, task: str, items: list, text_sequences: list[list[int]], guard: RequestGuard,
+    server: Server,
+) -> tuple[list[list[int]], list[np.ndarray | None]]:  # fmt: skip
+    """The sequences of texts and images in order, and each one's image: a multi-vector image model's image
+    document laid out as its processor lays it out (LateInteraction.image_texts), its vision tokens in it."""
+    late = model.late_interaction
+    images = [item for item in items if isinstance(item, ImageInput)]
+    around = late.image_texts() if late is not None and task == TOKEN_EMBED else None
+    if around is None:
+        raise InvalidInput(
+            f"{images[0].param} is an image: /pooling takes images for a multi-vector image model's "
+            "token_embed (ColQwen2); /v1/embeddings and Cohere's /v2/embed embed images with the other image "
+            "models",
+            "input",
+        )
+    decoded = iter(await decoded_images(model, images, guard, server.config.images))
+    before, after = model.encoder.content_ids(around)
+    texts, window = iter(text_sequences), model.spec.max_seq_length
+    sequences, grids = [], []
+    for item in items:
+        grid = next(decoded) if isinstance(item, ImageInput) else None
+        sequences.append(next(texts) if grid is None else [*before, *vision_ids(model, grid), *after])
+        grids.append(grid)
+        if len(sequences[-1]) > window:
+            raise InvalidInput(
+                f"{item.param} takes {len(sequences[-1])} tokens, more than the model's window of {window}",
+                "input",
+            )
+    return sequences, grids
 
 
 def _own_task(server: Server, name: str | None) -> str:

@@ -59,7 +59,13 @@ class PoolingRequest(msgspec.Struct, kw_only=True):
     one forward) or a head's own task ("token_classify": a token classifier's logits, a row a token); None:
     the model's own (token_embed for ColBERT, a head's own task, else embed)."""
 
-    input: Annotated[str | list[str], msgspec.Meta(description="a text or a list of texts")]
+    input: Annotated[
+        str | list[str | dict[str, Any]],
+        msgspec.Meta(
+            description="a text or a list of texts; for a multi-vector image model's token_embed (ColQwen2) "
+            'also images as content parts: {"type": "image_url", "image_url": {"url": "data:..."}}'
+        ),
+    ]
     model: Annotated[
         str | None,
         msgspec.Meta(

@@ -3,7 +3,8 @@ on a tiny random checkpoint: each query and document laid out as its processor l
 "Query: {text}" and ten <|endoftext|> then a newline; an image document its vision tokens in "<|im_start|>user
 \\n...Describe the image.<|im_end|><|endoftext|>"), every token's projected unit vector within 1e-5 of
 transformers' Qwen2-VL (M-RoPE over the image's grid, as colpali-engine runs it) with its own image processor;
-rerank by MaxSim against image and text documents; /pooling's token vectors; an image query is a 400."""
+rerank by MaxSim against image and text documents; /pooling's token vectors of queries and of image
+documents; an image query is a 400."""
 
 import io
 
@@ -99,6 +100,21 @@ def test_token_vectors_of_queries(served):
     assert response.status_code == 200, response.text
     for item, vectors in zip(response.json()["data"], expected):
         np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+
+
+def test_token_vectors_of_image_documents_and_texts(served):
+    """/pooling's token_embed of images (content parts among the texts): every token's vector of the image
+    document as the processor lays it out, for indexing pages; a text beside it as a document."""
+    client, reference = served
+    expected = reference([IMAGES[1], TEXTS[1], IMAGES[0]])
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(data)}} for data in IMAGES]
+    body = {"model": "colqwen", "input": [parts[1], TEXTS[1], parts[0]], "task": "token_embed"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 200, response.text
+    payload = response.json()
+    for item, vectors in zip(payload["data"], expected):
+        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+    assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):

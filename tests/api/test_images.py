@@ -195,6 +195,11 @@ def test_an_image_to_a_text_model_is_a_400(client):
     assert response.status_code == 400 and "embeds text only" in response.json()["message"]
     response = client.post("/v2/embed", json={"texts": ["a"], "input_type": "image"})
     assert response.status_code == 400 and "input_type" in response.json()["message"]
+    # /pooling takes images for a multi-vector image model's token vectors only
+    response = client.post("/pooling", json={"input": ["a", part]})
+    assert response.status_code == 400 and "input[1] is an image" in response.json()["error"]["message"]
+    response = client.post("/pooling", json={"input": ["a", {"type": "video"}]})
+    assert response.status_code == 400 and "input[1] must be a part" in response.json()["error"]["message"]
     assert client.post("/v1/embeddings", json={"input": ["a"]}).status_code == 200
 
 
