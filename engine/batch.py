@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.inline_images import InlineImages, check_image_run, inline_images
+from engine.inline_images import ImageEntry, InlineImages, check_image_runs, images_of, inline_images
 from engine.outputs import MARKER, TOKEN, HeadOutput, RowRequest
 
 
@@ -187,7 +187,7 @@ def pack(
     spans: Sequence[Sequence[int] | None] | None = None,
     first_rows: Sequence[bool] | None = None,
     output: HeadOutput | None = None,
-    images: Sequence[np.ndarray | None] | None = None,
+    images: Sequence[ImageEntry] | None = None,
 ) -> PackedBatch:
     """Lay sequences end to end on the host, for a head that gives `output` (None: a row a sequence);
     `token_type_ids[i]` None means all zeros. `prefix_of[i]` (-1: none) is an earlier sequence that
@@ -260,7 +260,7 @@ def batch_images(
     cu_seqlens: np.ndarray,
     flat_ids: np.ndarray,
     positions: np.ndarray,
-    images: Sequence[np.ndarray | None],
+    images: Sequence[ImageEntry],
     output: HeadOutput | None,
 ) -> ImageBatch | InlineImages | None:
     """pack's images: sequences of their own (ImageBatch), or inside texts where the head says so."""
@@ -357,8 +357,8 @@ def check_spans(spans: Sequence[Sequence[int] | None], lengths: Sequence[int]) -
 
 def check_images(output: HeadOutput, rows: RowRequest, token_ids: Sequence[Sequence[int]]) -> None:
     """Images go to a head that takes them, one entry a sequence, each a grid of uint8 patches: a sequence
-    of its own with a token for each patch, or inside its sequence at a run of placeholders
-    (HeadOutput.image_run) as long as its merged patches."""
+    of its own with a token for each patch (one image), or inside its sequence at a run of placeholders
+    (HeadOutput.image_run) as long as its merged patches, one run for each of its images."""
     if not output.takes_images:
         raise ValueError("this model takes no images")
     # a prefix its sequences continue holds no image; one they are scored against (a query) may come
@@ -366,14 +366,17 @@ def check_images(output: HeadOutput, rows: RowRequest, token_ids: Sequence[Seque
         raise ValueError("images come without a shared prefix or spans")
     if len(rows.images) != len(token_ids):
         raise ValueError(f"{len(rows.images)} image entries for {len(token_ids)} sequences")
-    for image, ids in zip(rows.images, token_ids):
-        if image is None:
-            continue
-        if image.ndim != 3 or image.dtype != np.uint8 or image.shape[0] * image.shape[1] == 0:
-            raise ValueError("an image is a grid of uint8 patches [rows, columns, patch size]")
+    for entry, ids in zip(rows.images, token_ids):
+        images = images_of(entry)
+        for image in images:
+            if image.ndim != 3 or image.dtype != np.uint8 or image.shape[0] * image.shape[1] == 0:
+                raise ValueError("an image is a grid of uint8 patches [rows, columns, patch size]")
         if output.image_run is not None:
-            check_image_run(ids, image, *output.image_run)
-        elif image.shape[0] * image.shape[1] > len(ids):
+            if images:
+                check_image_runs(ids, images, *output.image_run)
+        elif len(images) > 1:
+            raise ValueError("a sequence of this model is one image")
+        elif images and images[0].shape[0] * images[0].shape[1] > len(ids):
             raise ValueError("an image's sequence has a token for each of its patches")
 
 

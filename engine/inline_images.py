@@ -5,7 +5,7 @@ merges them (merge x merge groups, row by row), and lays out what the model read
 column (the tower's 2-D rotary), the batch rows its merged tokens replace, and every token's three M-RoPE
 positions (temporal, height, width): a text token's three are its place, an image token's the image's
 start, plus its merged row and column; the text after an image goes on from its start plus its longer
-side."""
+side. A sequence may hold several images, each its own run."""
 
 from __future__ import annotations
 
@@ -43,40 +43,58 @@ class InlineImages:
         )  # fmt: skip
 
 
-def vision_patches(image: np.ndarray | None) -> int:
-    """The patches of an image's grid (none for a text): the rows the vision tower runs for it, four for
-    each merged token its sequence holds."""
-    return 0 if image is None else image.shape[0] * image.shape[1]
+# a sequence's images (RowRequest.images' entry): none (a text), one grid, or several in the order they sit
+ImageEntry = np.ndarray | tuple[np.ndarray, ...] | None
 
 
-def check_image_run(ids: Sequence[int] | np.ndarray, image: np.ndarray, image_token: int, merge: int) -> int:
-    """Where in `ids` the run of `image_token` the image takes starts; ValueError unless the image's grid
-    merges by `merge` and the sequence holds one run of its merged tokens."""
-    rows, columns = image.shape[:2]
-    if rows % merge or columns % merge:
-        raise ValueError(f"an image of {rows}x{columns} patches does not merge by {merge}")
-    run = np.flatnonzero(np.asarray(ids) == image_token)
-    wanted = rows * columns // merge**2
-    if len(run) != wanted or run[-1] - run[0] + 1 != len(run):
+def images_of(entry: ImageEntry) -> tuple[np.ndarray, ...]:
+    """The grids of a sequence's image entry, in order."""
+    if entry is None:
+        return ()
+    return entry if isinstance(entry, tuple) else (entry,)
+
+
+def vision_patches(entry: ImageEntry) -> int:
+    """The patches of a sequence's images (none for a text): the rows the vision tower runs for them, four
+    for each merged token its sequence holds."""
+    return sum(image.shape[0] * image.shape[1] for image in images_of(entry))
+
+
+def check_image_runs(
+    ids: Sequence[int] | np.ndarray, images: Sequence[np.ndarray], image_token: int, merge: int
+) -> list[int]:
+    """Where in `ids` each image's run of `image_token` starts; ValueError unless each grid merges by
+    `merge` and the sequence holds one run of each image's merged tokens, in order, and no other."""
+    wanted = []
+    for image in images:
+        rows, columns = image.shape[:2]
+        if rows % merge or columns % merge:
+            raise ValueError(f"an image of {rows}x{columns} patches does not merge by {merge}")
+        wanted.append(rows * columns // merge**2)
+    found = np.flatnonzero(np.asarray(ids) == image_token)
+    runs = np.split(found, np.flatnonzero(np.diff(found) != 1) + 1) if len(found) else []
+    if [len(run) for run in runs] != wanted:
+        held = " and ".join(str(len(run)) for run in runs) or "0"
         raise ValueError(
-            f"a sequence holds {len(run)} image tokens, not one run of the {wanted} its image takes"
+            f"a sequence holds {held} image tokens, not one run of the {' and '.join(map(str, wanted))} its "
+            f"image{'s' if len(wanted) > 1 else ''} take{'' if len(wanted) > 1 else 's'}"
         )
-    return int(run[0])
+    return [int(run[0]) for run in runs]
 
 
 def inline_images(
     cu_seqlens: np.ndarray,
     flat_ids: np.ndarray,
-    images: Sequence[np.ndarray | None],
+    images: Sequence[ImageEntry],
     image_token: int,
     merge: int,
     places: np.ndarray | None = None,
 ) -> InlineImages | None:
-    """The images of a batch (pack's `images`: per sequence a [rows, columns, patch_dim] grid or None)
-    whose sequences hold, each, one run of `image_token` as long as its image's merged tokens; None where
-    it has no image. ValueError where a sequence's run does not match its image. `places`: each token's
-    place (pack's positions: a text that continues a shared prefix goes on after it); by default each
-    sequence's from 0."""
+    """The images of a batch (pack's `images`: per sequence its grids of [rows, columns, patch_dim], see
+    ImageEntry) whose sequences hold one run of `image_token` for each of their images, as long as its
+    merged tokens; None where it has no image. ValueError where a sequence's runs do not match its images.
+    `places`: each token's place (pack's positions: a text that continues a shared prefix goes on after
+    it); by default each sequence's from 0."""
     if len(images) != len(cu_seqlens) - 1:
         raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
     num_tokens = int(cu_seqlens[-1])
@@ -84,33 +102,39 @@ def inline_images(
         places = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
     positions = np.repeat(places[None].astype(np.int64), 3, axis=0)  # a text token's three: its place
     patches, vision_positions, grids, token_rows, counts = [], [], [], [], []
-    for index, image in enumerate(images):
-        start, end = int(cu_seqlens[index]), int(cu_seqlens[index + 1])
-        if image is None:
+    for index, entry in enumerate(images):
+        grids_here = images_of(entry)
+        if not grids_here:
             continue
-        rows, columns, patch_dim = image.shape
-        merged_rows, merged_columns = rows // merge, columns // merge
-        first = check_image_run(flat_ids[start:end], image, image_token, merge)
-        run = np.arange(first, first + merged_rows * merged_columns)
-        # merge order: each merge x merge group of patches together, the groups row by row
-        grouped = image.reshape(merged_rows, merge, merged_columns, merge, patch_dim).transpose(0, 2, 1, 3, 4)
-        patches.append(grouped.reshape(-1, patch_dim))
-        row, column = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
-        order = (merged_rows, merge, merged_columns, merge)
-        vision_positions.append(
-            np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
-        )
-        counts.append(rows * columns)
-        grids.append(np.repeat([[rows], [columns]], rows * columns, axis=1))
-        token_rows.append(start + run)
+        start, end = int(cu_seqlens[index]), int(cu_seqlens[index + 1])
+        firsts = check_image_runs(flat_ids[start:end], grids_here, image_token, merge)
         own = positions[:, start:end]
-        own[:, :first] = np.arange(first)
-        merged_row, merged_column = np.divmod(np.arange(len(run)), merged_columns)
-        own[0, first : first + len(run)] = first
-        own[1, first : first + len(run)] = first + merged_row
-        own[2, first : first + len(run)] = first + merged_column
-        after = first + len(run)
-        own[:, after:] = first + max(merged_rows, merged_columns) + np.arange(end - start - after)
+        token, place = 0, 0  # the next token of the sequence, and the place the text from it takes
+        for first, image in zip(firsts, grids_here):
+            rows, columns, patch_dim = image.shape
+            merged_rows, merged_columns = rows // merge, columns // merge
+            run = np.arange(first, first + merged_rows * merged_columns)
+            # merge order: each merge x merge group of patches together, the groups row by row
+            grouped = image.reshape(merged_rows, merge, merged_columns, merge, patch_dim).transpose(
+                0, 2, 1, 3, 4
+            )
+            patches.append(grouped.reshape(-1, patch_dim))
+            row, column = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
+            order = (merged_rows, merge, merged_columns, merge)
+            vision_positions.append(
+                np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
+            )
+            counts.append(rows * columns)
+            grids.append(np.repeat([[rows], [columns]], rows * columns, axis=1))
+            token_rows.append(start + run)
+            own[:, token:first] = place + np.arange(first - token)
+            place += first - token
+            merged_row, merged_column = np.divmod(np.arange(len(run)), merged_columns)
+            own[0, run] = place
+            own[1, run] = place + merged_row
+            own[2, run] = place + merged_column
+            token, place = first + len(run), place + max(merged_rows, merged_columns)
+        own[:, token:] = place + np.arange(end - start - token)
     if not patches:
         return None
     cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)

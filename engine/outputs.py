@@ -72,8 +72,9 @@ class RowRequest:
     first_rows: bool = False  # a token head's first row of each sequence only
     columns: tuple[int, int] | None = None  # of each row, the columns [start, stop) only
     # per sequence, the pixels of the image it is or holds ([grid rows, grid columns, patch_dim] uint8; its
-    # token ids hold a placeholder for each token the image takes), None for a text; None: all texts
-    images: Sequence[np.ndarray | None] | None = None
+    # token ids hold a placeholder for each token the image takes), None for a text, or a tuple of such
+    # grids in order for a vision-language model's sequence of several images; None: all texts
+    images: Sequence[np.ndarray | tuple[np.ndarray, ...] | None] | None = None
 
     @classmethod
     def for_task(cls, output: HeadOutput, task: str) -> RowRequest:

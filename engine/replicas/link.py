@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.inline_images import images_of
 from engine.outputs import ALL_ROWS, RowRequest
 from engine.replicas.protocol import FrameReader, Freed, Hello, Result, Run, encoder, frame, gateway_decoder
 from engine.replicas.shm_ring import Mapping, RingWriter, read_spill, write_spill
@@ -93,14 +94,17 @@ class ReplicaLink:
             span_words = len(counts) + len(boundaries)
         image_words, patch_dim = 0, 0
         if rows.images is not None:
-            grids = [(-1, -1) if image is None else image.shape[:2] for image in rows.images]
-            given = [image.ravel() for image in rows.images if image is not None]
-            patch_dim = next(image.shape[-1] for image in rows.images if image is not None) if given else 0
+            entries = [images_of(entry) for entry in rows.images]
+            given = [image for images in entries for image in images]
+            counts = np.fromiter(map(len, entries), dtype="<i4", count=num_seqs)
+            grids = np.asarray([image.shape[:2] for image in given], dtype="<i4").reshape(-1)
+            patch_dim = given[0].shape[-1] if given else 0
             size = sum(image.size for image in given)
             # one copy, zeros after to whole int32 words
-            padded = np.concatenate([*given, np.zeros(-size % 4, np.uint8)]).astype(np.uint8, copy=False)
-            parts += [np.asarray(grids, dtype="<i4").ravel(), padded.view("<i4")]
-            image_words = 2 * len(grids) + padded.size // 4
+            flat = [image.ravel() for image in given]
+            padded = np.concatenate([*flat, np.zeros(-size % 4, np.uint8)]).astype(np.uint8, copy=False)
+            parts += [counts, grids, padded.view("<i4")]
+            image_words = num_seqs + grids.size + padded.size // 4
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:

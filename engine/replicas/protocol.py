@@ -70,10 +70,10 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     (int32 [num_tokens]), with `has_types` token type ids (int32 [num_tokens]), then the ids of a shared
     prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
     `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
-    boundaries (Engine.submit's `spans`), then with `image_words` each sequence's grid of image patches
-    (int32 [num_seqs, 2]: rows and columns, -1 for a text) and the patches' pixels (uint8 [patches,
-    patch_dim], RowRequest's
-    `images`, zero bytes after them to a whole word); or the file `spill`. `first_rows` and `columns`: the
+    boundaries (Engine.submit's `spans`), then with `image_words` each sequence's number of images (int32
+    [num_seqs], 0 for a text), each image's grid of patches (int32 [num_images, 2]: rows and columns) and
+    the patches' pixels (uint8 [patches, patch_dim], RowRequest's `images`, zero bytes after them to a
+    whole word); or the file `spill`. `first_rows` and `columns`: the
     rest of Engine.submit's RowRequest."""
 
     id: int

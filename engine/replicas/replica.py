@@ -263,14 +263,23 @@ class _Connection:
         images = None
         if run.image_words:
             start = types_end + run.prefix_tokens + run.span_words
-            grids = data[start : start + 2 * run.num_seqs].reshape(-1, 2).tolist()
-            counts = [rows * columns if rows >= 0 else -1 for rows, columns in grids]
-            ends = list(itertools.accumulate(max(count, 0) for count in counts))
-            pixels = data[start + 2 * run.num_seqs : start + run.image_words].view(np.uint8)
+            counts = data[start : start + run.num_seqs].tolist()  # each sequence's images
+            start += run.num_seqs
+            grids = data[start : start + 2 * sum(counts)].reshape(-1, 2).tolist()
+            ends = list(itertools.accumulate((rows * columns for rows, columns in grids), initial=0))
+            pixels = data[start + 2 * len(grids) : start + run.image_words].view(np.uint8)
             pixels = pixels[: ends[-1] * run.patch_dim].reshape(-1, run.patch_dim) if run.patch_dim else None
+            grid_images = [
+                pixels[begin:end].reshape(*grid, -1) for begin, end, grid in zip(ends, ends[1:], grids)
+            ]
+            taken = list(itertools.accumulate(counts, initial=0))
             images = [
-                None if count < 0 else pixels[end - count : end].reshape(*grid, -1)
-                for count, end, grid in zip(counts, ends, grids)
+                None
+                if count == 0
+                else grid_images[first]
+                if count == 1
+                else tuple(grid_images[first : first + count])
+                for count, first in zip(counts, taken)
             ]
         return lengths, ids, types, prefix, spans, images
 

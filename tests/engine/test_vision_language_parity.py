@@ -223,3 +223,53 @@ def test_a_text_that_continues_a_prefix_beside_an_image(inputs):
                  output=model.output)
         ).numpy()  # fmt: skip
     np.testing.assert_allclose(mixed[1], whole[0], atol=TOLERANCE, rtol=0)
+
+
+def test_a_sequence_of_two_images_and_texts(inputs, checkpoint):
+    """Two images in one sequence (a reranker's pair of an image query and an image document, a fused
+    input of several images): each its run of placeholders, the text after each going on from it, as
+    transformers' model lays out the positions of several images; alone, beside a text, and through two
+    replica processes (the images of a sequence cross the request ring together)."""
+    from tokenizers import Tokenizer
+
+    from engine.checkpoint.source import ModelSource
+    from engine.replicas.replica_set import ReplicaSet
+
+    spec, sequences, images, _ = inputs
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    first, second = images[1], images[2]
+    one, two = sequences[1][:-1], sequences[2]  # an image with texts around it, then another alone
+    ids = [*one, *tokenizer.encode(" and then", add_special_tokens=False).ids, *two]
+    model = checkpoint[1]
+    inputs_ = {"input_ids": torch.tensor([ids])}
+    values = [
+        normalized(merged_order(grid, spec).reshape(-1, 3, 1, spec.images.patch_size**2), spec.images)
+        for grid in (first, second)
+    ]
+    frames = [np.repeat(value, 2, axis=2).reshape(len(value), -1) for value in values]
+    inputs_["pixel_values"] = torch.from_numpy(np.concatenate(frames))
+    inputs_["image_grid_thw"] = torch.tensor([[1, *grid.shape[:2]] for grid in (first, second)])
+    inputs_["mm_token_type_ids"] = (inputs_["input_ids"] == spec.config.image_token_id).int()
+    with torch.inference_mode():
+        expected = F.normalize(model.model(**inputs_).last_hidden_state[0, -1], dim=-1).numpy()
+    ours = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    with torch.inference_mode():
+        packed = ours(pack([sequences[0], ids], images=[None, (first, second)], output=ours.output)).numpy()
+    np.testing.assert_allclose(packed[1], expected, atol=TOLERANCE, rtol=0)
+    with pytest.raises(ValueError, match="not one run of the"):
+        ours(pack([ids], images=[(first,)], output=ours.output))
+    config = EngineConfig(device="cpu", dtype="float32", max_queue_tokens=10**5)
+    replica_set = ReplicaSet(ModelSource(str(checkpoint[0])), 2, config)
+    replica_set.start()
+    try:
+        rows = RowRequest(images=[None, (first, second), images[1]] * 2)
+
+        async def run():
+            return (await replica_set.pool.enqueue([sequences[0], ids, sequences[1]] * 2, rows=rows)).rows
+
+        got = asyncio.run(asyncio.wait_for(run(), 120))
+    finally:
+        replica_set.stop()
+    np.testing.assert_allclose(got[1], expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(got[4], expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(got[2], inputs[3][1], atol=TOLERANCE, rtol=0)
