@@ -115,23 +115,25 @@ async def embed_items(
             if isinstance(item, str):
                 sequences[index] = next(encoded)
     rows = model.rows(EMBED)
-    grids: list[np.ndarray | None] = [None] * len(items)
+    grids: list[list[np.ndarray]] = [[] for _ in items]  # each input's images, in order
     if images:
         decoded = await decoded_images(model, [image for _, image in images], guard, limits)
         for (index, image), grid in zip(images, decoded):
-            grids[index] = grid
+            grids[index].append(grid)
             if not isinstance(items[index], FusedInput):
                 sequences[index] = image_sequence(model, grid, image.param)
-        rows = dataclasses.replace(rows, images=grids)
+        entries = [None if not given else given[0] if len(given) == 1 else tuple(given) for given in grids]
+        rows = dataclasses.replace(rows, images=entries)
     if fused:
         pieces = [part for item in fused for part in item.parts if isinstance(part, str)]
         ids = iter(await guard.tokenized(encoder.content_ids_off_loop(pieces, guard, encoder.window)))
         for index, item in enumerate(items):
             if isinstance(item, FusedInput):
+                own = iter(grids[index])
                 content = [
                     token
                     for part in item.parts
-                    for token in (next(ids) if isinstance(part, str) else vision_ids(model, grids[index]))
+                    for token in (next(ids) if isinstance(part, str) else vision_ids(model, next(own)))
                 ]
                 sequences[index] = laid_out(model, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
@@ -139,18 +141,14 @@ async def embed_items(
 
 
 def check_fused(model: ServedModel, item: FusedInput) -> None:
-    """A fused input is a vision-language model's, of one image at most (beside its texts)."""
-    param = item.param.split("[")[0]
+    """A fused input is a vision-language model's (its images and texts in order, one sequence)."""
     if model.spec.input_layout is None:
         raise InvalidInput(
             f"{item.param} fuses {len(item.parts)} content parts into one vector, which only a "
             f"vision-language model does (Qwen2-VL, Qwen3-VL): the model '{model.name}' embeds each part "
             "alone, send each as an input of its own",
-            param,
+            item.param.split("[")[0],
         )
-    count = sum(isinstance(part, ImageInput) for part in item.parts)
-    if count > 1:
-        raise InvalidInput(f"{item.param} holds {count} images: a fused input holds one", param)
 
 
 def image_sequence(model: ServedModel, grid: np.ndarray, where: str) -> list[int]:

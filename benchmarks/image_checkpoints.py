@@ -278,8 +278,8 @@ EMBEDDER_LAYOUTS = {
 
 def embedder_vectors(model, folder: Path, layout: str, texts=(), images=(), fused=()):
     """transformers' normalized last-token rows of `layout` (EMBEDDER_LAYOUTS) around each text, each PNG
-    (its processor's pixels and grid, a placeholder for each merged patch) and each (PNG, text) of
-    `fused` (the image, then the text, in one user turn), in that order."""
+    (its processor's pixels and grid, a placeholder for each merged patch) and each tuple of PNGs and
+    texts of `fused` (its parts in order, in one user turn), in that order."""
     import io
 
     import torch.nn.functional as F
@@ -290,12 +290,19 @@ def embedder_vectors(model, folder: Path, layout: str, texts=(), images=(), fuse
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     processor = AutoImageProcessor.from_pretrained(folder)
     inputs = [{"text": layout.format(text)} for text in texts]
-    for data, after in [*((data, "") for data in images), *fused]:
-        pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
-        grid = pixels["image_grid_thw"]
-        pads = "<|image_pad|>" * int(grid.prod() // 4)
-        text = layout.format(f"<|vision_start|>{pads}<|vision_end|>{after}")
-        inputs.append({"text": text, "pixel_values": pixels["pixel_values"], "image_grid_thw": grid})
+    for parts in [*((data,) for data in images), *fused]:
+        one: dict = {"text": ""}
+        for part in parts:
+            if isinstance(part, str):
+                one["text"] += part
+                continue
+            pixels = processor(images=[Image.open(io.BytesIO(part))], return_tensors="pt")
+            for key in ("pixel_values", "image_grid_thw"):
+                one[key] = torch.cat([one[key], pixels[key]]) if key in one else pixels[key]
+            pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
+            one["text"] += f"<|vision_start|>{pads}<|vision_end|>"
+        one["text"] = layout.format(one["text"])
+        inputs.append(one)
     rows = []
     for one in inputs:
         ids = torch.tensor([tokenizer.encode(one.pop("text"), add_special_tokens=False).ids])

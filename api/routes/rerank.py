@@ -158,17 +158,9 @@ async def pair_scores_with_images(
 ) -> np.ndarray:  # fmt: skip
     """A vision-language ranker's scores (jina-reranker-m0's, Qwen3-VL-Reranker's): each (query, document)
     pair one sequence in the model's pair layout and prompts, an image's vision tokens where its text
-    would be; a pair holds one image at most (the query's or the document's). Texts are cut to what rerank
-    reads of them (read_tokens)."""
+    would be (an image query and an image document: both, in the pair's order). Texts are cut to what
+    rerank reads of them (read_tokens)."""
     inputs = [query, *items]
-    if isinstance(query, ImageInput):
-        both = next((item for item in items if isinstance(item, ImageInput)), None)
-        if both is not None:
-            raise InvalidInput(
-                f"{both.param} is an image, and so is the query: the model '{model.name}' ranks a pair of "
-                "one image at most (a text query for image documents, or an image query for texts)",
-                both.param.split("[")[0],
-            )
     images = [item for item in inputs if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, server.config.images))
     query_tokens, document_tokens = read_tokens(model, options)
@@ -204,8 +196,12 @@ async def pair_scores_with_images(
                 "documents",
             )
         sequences.append(sequence)
-    query_image = pair_images[0]
-    pair_grids = [query_image if image is None else image for image in pair_images[1:]]
+    # each pair's images in the order its layout places them
+    document_first = model.encoder.pair.document_first
+    pair_grids = [
+        pair_entry([document, pair_images[0]] if document_first else [pair_images[0], document])
+        for document in pair_images[1:]
+    ]
     logits = await guard.run(sequences, rows=dataclasses.replace(model.rows(RERANK), images=pair_grids))
     return logits_to_scores(logits, raw=options.raw_scores)
 
@@ -255,6 +251,12 @@ async def max_sim_with_images(
     rows = dataclasses.replace(model.rows(RERANK), prefix=query_ids, images=document_images)
     max_sims = await guard.run(documents, rows=rows)
     return max_sim_to_scores(max_sims[:, 0], len(query_ids), raw=options.raw_scores)
+
+
+def pair_entry(images: list[np.ndarray | None]) -> np.ndarray | tuple[np.ndarray, ...] | None:
+    """A sequence's image entry (RowRequest.images) of the images it holds, in order."""
+    given = tuple(image for image in images if image is not None)
+    return None if not given else given[0] if len(given) == 1 else given
 
 
 def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:

@@ -40,7 +40,8 @@ def served(request, tmp_path_factory):
     kind = request.param
     folder, model = vision_language_checkpoint(tmp_path_factory.mktemp(kind) / kind, kind=kind)
     layout = EMBEDDER_LAYOUTS[kind]
-    expected = embedder_vectors(model, folder, layout, TEXTS, IMAGES, [(IMAGES[0], TEXTS[0])])
+    fused = [(IMAGES[0], TEXTS[0]), (IMAGES[1], TEXTS[1], IMAGES[0])]
+    expected = embedder_vectors(model, folder, layout, TEXTS, IMAGES, fused)
     config = ServerConfig(models=(str(folder),), served_model_names=(("gme",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, expected
@@ -73,7 +74,7 @@ def test_texts_and_images_as_gme_lays_them_out(served):
 
 
 def test_an_image_and_a_text_fused_into_one_vector(served):
-    """Cohere v2's input of several content parts: one vector of the image, then the text, in one turn."""
+    """Cohere v2's input of several content parts: one vector of its images and texts, in order, one turn."""
     client, expected = served
     image = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
     inputs = [{"content": [image, {"type": "text", "text": TEXTS[0]}]}, {"content": [image]}]
@@ -83,9 +84,14 @@ def test_an_image_and_a_text_fused_into_one_vector(served):
     np.testing.assert_allclose(
         response.json()["embeddings"]["float"], expected[[4, 2]], atol=TOLERANCE, rtol=0
     )
-    twice = {"content": [image, image]}
-    response = client.post("/v2/embed", json={**body, "inputs": [twice]})
-    assert response.status_code == 400 and "holds 2 images" in response.json()["message"], response.text
+    # several images among its texts, each where it stands
+    parts = [
+        {"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}},
+        {"type": "text", "text": TEXTS[1]},
+    ]
+    response = client.post("/v2/embed", json={**body, "inputs": [{"content": [*parts, image]}]})
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["embeddings"]["float"], expected[[5]], atol=TOLERANCE, rtol=0)
 
 
 def test_texts_alone_are_laid_out_alike_on_every_route(served):

@@ -4,9 +4,9 @@ to its embeddings and its own: each pair laid out as its reranker code lays it o
 turn, "<Instruct>: {instruction}<Query>:{query}\\n<Document>:{document}" in the user turn, an image's vision
 tokens right after its "<Query>:" or "<Document>:", the assistant's prompt), scored sigmoid of the "yes"
 row of its LM head less the "no" row at the last token, within 1e-5 of transformers' model on that layout
-in one string with its own image processor; texts, an instruction, image documents, an image query, a
-document whose first character would join the seam; vLLM's /score; a Qwen3-VL checkpoint whose card says
-nothing of ranking embeds."""
+in one string with its own image processor; texts, an instruction, image documents, an image query (against
+image documents too), a document whose first character would join the seam; vLLM's /score; a Qwen3-VL
+checkpoint whose card says nothing of ranking embeds."""
 
 import io
 
@@ -48,7 +48,8 @@ def reference_scores(model, folder, pairs, instruction=DEFAULT_INSTRUCTION) -> n
         if isinstance(item, str):
             return item
         pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
-        inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+        for key in ("pixel_values", "image_grid_thw"):  # an image query's, then an image document's
+            inputs[key] = torch.cat([inputs[key], pixels[key]]) if key in inputs else pixels[key]
         pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
         return f"<|vision_start|>{pads}<|vision_end|>"
 
@@ -111,6 +112,15 @@ def test_image_documents_and_an_image_query(served):
     query = {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]}
     response = client.post("/v1/rerank", json={"model": "judge", "query": query, "documents": TEXTS})
     expected = reference([(IMAGES[1], text) for text in TEXTS])
+    np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_an_image_query_against_image_documents(served):
+    client, reference = served
+    query = {"image": data_uri(IMAGES[1])}
+    documents = [{"image": data_uri(IMAGES[0])}, TEXTS[1]]
+    response = client.post("/v2/rerank", json={"model": "judge", "query": query, "documents": documents})
+    expected = reference([(IMAGES[1], IMAGES[0]), (IMAGES[1], TEXTS[1])])
     np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
 
 

@@ -1,8 +1,8 @@
 """The vision-language rankers on CUDA in bf16, through HTTP, against transformers' fp32 on the same
 layouts (the CPU tests' references): jina-reranker-m0 (Qwen2-VL, vision heads of 80 as Qwen2-VL-2B has),
 Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64) and ColQwen2 (MaxSim on the device); text documents
-through CUDA graphs, image documents, an image query (not ColQwen2's); each score within 1e-2 (sigmoids
-of logits near 0, or means of cosines: a bf16 error)."""
+through CUDA graphs, image documents, an image query (not ColQwen2's), against an image document too;
+each score within 1e-2 (sigmoids of logits near 0, or means of cosines: a bf16 error)."""
 
 import numpy as np
 import pytest
@@ -66,6 +66,8 @@ def test_rankers_in_bf16_match_fp32(tmp_path, kind):
     ]
     if kind != "colqwen2":  # ColQwen2 embeds a query from its text
         cases.append(({"query": image_query, "documents": TEXTS}, [(IMAGES[1], text) for text in TEXTS]))
+        two = {"query": image_query, "documents": [{"image": data_uri(IMAGES[0])}]}  # both in one sequence
+        cases.append((two, [(IMAGES[1], IMAGES[0])]))
     with TestClient(create_app(config)) as client:
         for body, pairs in cases:
             expected = reference(pairs)
