@@ -17,6 +17,7 @@ from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
 from api.timing import times_of
 from api.tokenizer_pool import StartBy, TokenizerBehind
 from engine.errors import BehindDeadline, NeverInTime
+from engine.inline_images import vision_patches
 from engine.interface import EngineInterface
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.request import EngineOutput
@@ -168,7 +169,11 @@ class RequestGuard:
         if self.num_tokens_asked > self.max_request_tokens:
             raise RequestTooLarge(self.num_tokens_asked, self.max_request_tokens)
         if self.deadline is not None:
-            estimate = self.engine.estimate_seconds(num_tokens)
+            work = num_tokens
+            if rows.images is not None and self.engine.output.image_run is not None:
+                # a vision-language model's vision tower runs each patch too, as the engine's queue counts
+                work += sum(map(vision_patches, rows.images))
+            estimate = self.engine.estimate_seconds(work)
             if estimate is not None and estimate > self.timeout_s:
                 raise NeverInTime(estimate, self.timeout_s)
         submitted = time.perf_counter()

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 
+import numpy as np
 import pytest
 from litestar.testing import TestClient
 
@@ -20,7 +21,8 @@ from api.tokenize import INLINE_TOKENIZE_CHARS
 from api.tokenizer_pool import StartBy, TokenizerBehind, TokenizerPool
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import BehindDeadline
+from engine.errors import BehindDeadline, NeverInTime
+from engine.outputs import HeadOutput, RowRequest
 from engine.scheduler import ADMIT_SHARE
 from tests.api.test_admission import post
 from tests.conftest import TimedRunner
@@ -196,3 +198,20 @@ def burst_of(client, encoder, monkeypatch):
         return await asyncio.gather(*(post(client.app, "/v1/embeddings", large_body()) for _ in range(30)))
 
     return client.blocking_portal.call(burst), waited
+
+
+def test_a_vision_language_requests_patches_count_in_its_estimate():
+    """Work an idle engine could not finish in time is a 400 before it is queued: a vision-language model's
+    image patches (its vision tower's rows, four a token) count in that estimate as in the engine's queue."""
+
+    class VisionLanguage(Backlogged):
+        output = HeadOutput("sequence", 8, ("embed",), takes_images=True, image_run=(5, 2))
+
+        def enqueue(self, token_ids, token_type_ids=None, deadline=None, rows=None):
+            raise AssertionError("refused work reached the engine")
+
+    grid = np.zeros((40, 40, 3), dtype=np.uint8)  # 1,600 patches: 1.6 s at 1 ms each, past the 1 s timeout
+    sequence = [[1, *[5] * 400, 2]]  # its 400 merged tokens: 0.4 s alone
+    guard = guard_for(VisionLanguage(0.0))
+    with pytest.raises(NeverInTime):
+        asyncio.run(guard.run(sequence, rows=RowRequest(images=[grid])))
