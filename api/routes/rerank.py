@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import uuid
@@ -96,7 +97,7 @@ async def _rerank(
         elif late:  # a multi-vector image retriever (ColQwen2): MaxSim against each document
             scores = await max_sim_with_images(model, query, items, options, guard, server)
         else:  # an image embedder: texts and images, each a vector
-            scores = await dual_encoder_scores(model, query, items, guard, server)
+            scores = await dual_encoder_scores(model, query, items, options, guard, server)
     else:
         images = [item for item in [query, *items] if isinstance(item, ImageInput)]
         if images:
@@ -142,14 +143,25 @@ async def score_texts(
 
 
 async def dual_encoder_scores(
-    model: ServedModel, query: Item, items: list[Item], guard: RequestGuard, server: Server
-) -> np.ndarray:
-    """A dual encoder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
-    the window, or an image; the query too), as an embedding model's rerank scores."""
-    vectors, _ = await embed_items(
-        model, [query, *items], guard, server.config.images, model.encoder.window, True
+    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
+    server: Server,
+) -> np.ndarray:  # fmt: skip
+    """An image embedder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
+    the window, or to max_tokens_per_doc of its own tokens where that is less; or an image; the query too),
+    as an embedding model's rerank scores."""
+    window, limits = model.encoder.window, server.config.images
+    _, document_tokens = read_tokens(model, options)
+    if document_tokens >= window or not any(isinstance(item, str) for item in items):
+        vectors, _ = await embed_items(model, [query, *items], guard, limits, window, True)
+        return cosine_to_scores(vectors[0], vectors[1:])
+    # the query within the window, the documents within their own limit (beside the layout's tokens): both
+    # queued at once, so that they share the engine's batches
+    document_limit = min(window, document_tokens + model.encoder.single.num_special_tokens)
+    (query_vectors, _), (vectors, _) = await asyncio.gather(
+        embed_items(model, [query], guard, limits, window, True),
+        embed_items(model, items, guard, limits, document_limit, True),
     )
-    return cosine_to_scores(vectors[0], vectors[1:])
+    return cosine_to_scores(query_vectors[0], vectors)
 
 
 async def pair_scores_with_images(

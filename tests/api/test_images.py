@@ -260,6 +260,26 @@ def test_rerank_of_image_documents(served):
     assert response.status_code == 400 and "documents[1]" in response.json()["message"], response.text
 
 
+def test_rerank_cuts_text_documents_to_max_tokens_per_doc(served):
+    """Cohere v2's max_tokens_per_doc cuts a text document to its first tokens beside the images, as
+    /v1/embeddings' truncate_prompt_tokens of as many content tokens does; the query keeps its window."""
+    client, name, texts, images = served
+    long_text = "a photo of a cat asleep in the sun on a mat by the door"
+    cut = 3
+    layout = 2 if name == "clip" else 1  # CLIP's start and end of text; SigLIP's end of sequence
+    body = {"model": name, "input": [long_text], "truncate_prompt_tokens": cut + layout}
+    response = client.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    cut_vector = np.array(response.json()["data"][0]["embedding"])
+    documents = [long_text, {"image": data_uri(IMAGES[0])}]
+    body = {"model": name, "query": TEXTS[0], "documents": documents, "max_tokens_per_doc": cut}
+    response = client.post("/v2/rerank", json=body)
+    assert response.status_code == 200, response.text
+    got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
+    expected = (1 + np.stack([cut_vector, images[0]]) @ texts[0]) / 2
+    np.testing.assert_allclose([got[0], got[1]], expected, atol=TOLERANCE, rtol=0)
+
+
 def test_rerank_of_an_image_query(served):
     """An image as the query ({"image": ...} or {"content": [part]}) against texts and images: (1 +
     cosine) / 2 of its vector and each document's; a query object of neither shape is a 400."""
