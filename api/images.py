@@ -124,6 +124,8 @@ def pixels(image, layout: ImageLayout) -> np.ndarray:
     check_aspect(image.height, image.width)
     if layout.pixel_range is not None:
         size = dynamic_size(image.height, image.width, layout.patch_size * layout.merge, *layout.pixel_range)
+    elif layout.max_num_patches is not None:
+        size = naflex_size(image.height, image.width, layout.patch_size, layout.max_num_patches)
     elif layout.resize_to is not None:
         size = layout.resize_to
     elif layout.shortest_edge is not None:
@@ -161,6 +163,24 @@ def dynamic_size(height: int, width: int, factor: int, low: int, high: int) -> t
     return rows, columns
 
 
+def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int) -> tuple[int, int]:
+    """SigLIP2's NaFlex resize (its processor's get_image_size_for_max_num_patches): the largest scale,
+    found by bisection to 1e-5, at which both sides, each rounded up to whole patches (one at least), make
+    at most `max_num_patches` patches."""
+
+    def scaled(scale: float, size: int) -> int:
+        return max(patch_size, math.ceil(size * scale / patch_size) * patch_size)
+
+    low, high = 1e-6, 100.0
+    while high - low >= 1e-5:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch_size) * (scaled(scale, width) / patch_size) <= max_num_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
+
+
 def check_aspect(height: int, width: int) -> None:
     """Refuse a sliver: one side more than MAX_ASPECT times the other (as Qwen2-VL's processors do). A
     resize of its shorter side to the model's would make the longer one huge: a 143-byte PNG of 20000x1
@@ -193,12 +213,14 @@ def center_crop(array: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return array[:, top : top + crop_height, left : left + crop_width]
 
 
-def patches(values: np.ndarray, patch_size: int) -> np.ndarray:
+def patches(values: np.ndarray, patch_size: int, channels_last: bool = False) -> np.ndarray:
     """[C, H, W] -> [H / patch, W / patch, C * patch * patch]: the grid of patches, row by row, each
-    channel, row, column flattened (the order of the patch convolution's weight)."""
+    channel, row, column flattened (the order of the patch convolution's weight); `channels_last`: row,
+    column, channel (SigLIP2's NaFlex patch Linear's)."""
     channels, height, width = values.shape
     rows, columns = height // patch_size, width // patch_size
-    grid = values.reshape(channels, rows, patch_size, columns, patch_size).transpose(1, 3, 0, 2, 4)
+    order = (1, 3, 2, 4, 0) if channels_last else (1, 3, 0, 2, 4)
+    grid = values.reshape(channels, rows, patch_size, columns, patch_size).transpose(*order)
     return np.ascontiguousarray(grid.reshape(rows, columns, channels * patch_size * patch_size))
 
 
@@ -209,4 +231,4 @@ def image_patches(source: str, layout: ImageLayout, limits: ImageLimits, where: 
         values = pixels(image, layout)
     except ValueError as error:  # a shape the model's resize refuses
         raise InvalidImage(str(error), where) from None
-    return patches(values, layout.patch_size)
+    return patches(values, layout.patch_size, channels_last=layout.max_num_patches is not None)

@@ -67,8 +67,9 @@ def dual_encoder_checkpoint(
     seed: int = 0,
     std: float = NOISE_STD,
 ):
-    """A random `kind` ("clip" or "siglip") checkpoint in `folder` -> (folder, the transformers model)."""
-    from transformers import CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
+    """A random `kind` ("clip", "siglip", or "siglip2": NaFlex, any size up to `image_size` squared's
+    patches, its position table of those) checkpoint in `folder` -> (folder, the transformers model)."""
+    from transformers import CLIPConfig, CLIPModel, Siglip2Config, Siglip2Model, SiglipConfig, SiglipModel
 
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "clip":
@@ -98,15 +99,28 @@ def dual_encoder_checkpoint(
             "pad_token_id": tokenizer.token_to_id("<pad>"), "eos_token_id": tokenizer.token_to_id("</s>"),
             "projection_size": vision["hidden_size"],
         }  # fmt: skip
-        config = SiglipConfig(
-            text_config=text_config,
-            vision_config={**vision, "image_size": image_size, "patch_size": patch_size},
-        )
-        model_class, processor = SiglipModel, {
-            "image_processor_type": "SiglipImageProcessor", "do_resize": True,
-            "size": {"height": image_size, "width": image_size}, "resample": 3, "do_rescale": True,
-            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
-        }  # fmt: skip
+        if kind == "siglip2":
+            num_patches = (image_size // patch_size) ** 2
+            config = Siglip2Config(
+                text_config=text_config,
+                vision_config={**vision, "num_patches": num_patches, "patch_size": patch_size},
+            )
+            model_class, processor = Siglip2Model, {
+                "image_processor_type": "Siglip2ImageProcessor", "do_resize": True, "patch_size": patch_size,
+                "max_num_patches": num_patches, "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255,
+                "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+            }  # fmt: skip
+        else:
+            config = SiglipConfig(
+                text_config=text_config,
+                vision_config={**vision, "image_size": image_size, "patch_size": patch_size},
+            )
+            model_class, processor = SiglipModel, {
+                "image_processor_type": "SiglipImageProcessor", "do_resize": True,
+                "size": {"height": image_size, "width": image_size}, "resample": 3, "do_rescale": True,
+                "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3,
+            }  # fmt: skip
     config.architectures = [model_class.__name__]
     torch.manual_seed(seed)
     model = randomized(model_class(config), seed, std)

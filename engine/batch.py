@@ -33,6 +33,9 @@ class ImageBatch:
     text_cu_seqlens: torch.Tensor  # host
     patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] uint8 (its grid, flat)
     rows: Sequence[int] = ()  # host: the row (among the images' tokens) of each image's first patch
+    # [num_image_tokens, 2] int64: each image token's image's rows and columns of patches, where the head
+    # reads them (HeadOutput.image_grids); None: it does not
+    grids: torch.Tensor | None = None
 
     @classmethod
     def only(cls, pixels: torch.Tensor) -> ImageBatch:
@@ -75,6 +78,7 @@ class ImageBatch:
         return ImageBatch(
             pixels.to(device, non_blocking=True), moved(self.image_tokens), moved(self.image_seqs),
             self.image_cu_seqlens, moved(self.text_tokens), moved(self.text_seqs), self.text_cu_seqlens,
+            grids=None if self.grids is None else moved(self.grids),
         )  # fmt: skip
 
 
@@ -140,7 +144,7 @@ class PackedBatch:
         every_token, every_seq = torch.arange(images.num_rows), torch.arange(images.image_seqs.numel())
         only = ImageBatch(
             None, every_token, every_seq, images.image_cu_seqlens, empty, empty, images.text_cu_seqlens[:1],
-            images.patches, images.rows,
+            images.patches, images.rows, images.grids,
         )  # fmt: skip
         return (
             part(images.text_tokens, images.text_cu_seqlens, None),
@@ -266,11 +270,14 @@ def batch_images(
     """pack's images: sequences of their own (ImageBatch), or inside texts where the head says so."""
     if output is not None and output.image_run is not None:
         return inline_images(cu_seqlens, flat_ids, images, *output.image_run, places=positions)
-    return image_batch(cu_seqlens, images)
+    return image_batch(cu_seqlens, images, output is not None and output.image_grids)
 
 
-def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> ImageBatch | None:
-    """Where the images of a batch (pack's `images`) and its texts are; None where it has no image."""
+def image_batch(
+    cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None], with_grids: bool = False
+) -> ImageBatch | None:
+    """Where the images of a batch (pack's `images`) and its texts are, and `with_grids` each image token's
+    grid; None where it has no image."""
     if len(images) != len(cu_seqlens) - 1:
         raise ValueError(f"{len(images)} image entries for {len(cu_seqlens) - 1} sequences")
     is_image = np.fromiter((image is not None for image in images), dtype=bool, count=len(images))
@@ -296,6 +303,10 @@ def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> 
         raise ValueError("an image sequence has at least one patch, a token for each, and at most one more")
     if len({image.shape[1] for image in patches}) != 1:
         raise ValueError("a batch's images have one patch size")
+    grids = None
+    if with_grids:
+        shapes = [images[i].shape[:2] for i in image_seqs]
+        grids = torch.from_numpy(np.repeat(np.asarray(shapes, dtype=np.int64), lengths[image_seqs], axis=0))
     return ImageBatch(
         None,
         image_tokens,
@@ -306,6 +317,7 @@ def image_batch(cu_seqlens: np.ndarray, images: Sequence[np.ndarray | None]) -> 
         text_cu,
         patches,
         (image_cu[:-1].numpy() + leading).tolist(),
+        grids,
     )
 
 

@@ -202,10 +202,12 @@ class GraphCache:
             return None
         patch_size = 0
         if batch.images is not None:
-            # a batch of images alone runs its vision tower in a graph; texts and images together, and
-            # images inside texts (a vision-language model's), eagerly
+            # a batch of fixed-size images alone runs its vision tower in a graph; texts and images
+            # together, and images inside texts (a vision-language model's), eagerly
             images = batch.images
             if not isinstance(images, ImageBatch) or not images.only_images or batch.prefix_of is not None:
+                return None
+            if images.grids is not None:  # images of any size (SigLIP2's NaFlex): eagerly
                 return None
             patch_size = batch.images.patch_size
         if batch.prefix_of is not None:

@@ -54,6 +54,9 @@ class HeadOutput(msgspec.Struct, frozen=True, array_like=True):
     # (placeholder token, merge) where an image sits inside its sequence (a vision-language model's): a run
     # of that token, one for each merge x merge patches; None: an image is a sequence of its own
     image_run: tuple[int, int] | None = None
+    # an image sequence's tokens each need its image's grid of patches (SigLIP2's NaFlex positions,
+    # resampled to it: ImageBatch.grids); such batches of images run eagerly
+    image_grids: bool = False
 
     @property
     def token_rows(self) -> bool:

@@ -1,8 +1,8 @@
 """ImageLayout: how a model takes an image, read from its folder (preprocessor_config.json and the vision
 config): the resize, crop, rescale and normalization its processor applies, and the patches and tokens
-the result becomes: a fixed square (CLIP, SigLIP), or any size within a pixel range, rounded to whole
-merged patches (Qwen2-VL's dynamic resolution). The gateway applies it (api/images.py); the engine counts
-its tokens."""
+the result becomes: a fixed square (CLIP, SigLIP), any size within a pixel range, rounded to whole
+merged patches (Qwen2-VL's dynamic resolution), or any size up to a number of patches (SigLIP2's NaFlex).
+The gateway applies it (api/images.py); the engine counts its tokens."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ class ImageLayout:
     # patches within that many pixels (smart_resize); None: a fixed image_size
     pixel_range: tuple[int, int] | None = None
     merge: int = 1  # merge x merge patches make one token
+    # SigLIP2's NaFlex: resized, the aspect kept, to at most this many whole patches (the processor's
+    # max_num_patches), each patch's pixels row, column, channel (its patch embedding is a Linear over
+    # them); None: neither
+    max_num_patches: int | None = None
 
     @property
     def affine(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -52,7 +56,9 @@ class ImageLayout:
 
     @property
     def num_patches(self) -> int:
-        """A fixed-size image's patches."""
+        """A fixed-size image's patches; a NaFlex image's most."""
+        if self.max_num_patches is not None:
+            return self.max_num_patches
         return (self.image_size // self.patch_size) ** 2
 
     @property
@@ -100,6 +106,31 @@ def read_image_layout(name: str, folder: Path, vision_config: Any, leading_token
         image_size=image_size,
         patch_size=vision_config.patch_size,
         leading_tokens=leading_tokens,
+    )
+
+
+def read_naflex_image_layout(name: str, folder: Path, vision_config: Any) -> ImageLayout:
+    """The layout of a model whose vision tower takes images of any size and aspect up to a number of
+    patches (SigLIP2's NaFlex): its processor's max_num_patches, patch size, resampling (bilinear by
+    default), rescale and normalization."""
+    processor = read_processor(name, folder)
+    patch_size = processor.get("patch_size", vision_config.patch_size)
+    if patch_size != vision_config.patch_size:
+        raise UnsupportedModel(
+            f"model {name!r}: its processor makes patches of {patch_size}, its vision tower takes "
+            f"{vision_config.patch_size}"
+        )
+    if not processor.get("do_resize", True):
+        raise UnsupportedModel(f"model {name!r}: a NaFlex processor that does not resize is not supported")
+    return ImageLayout(
+        shortest_edge=None,
+        resize_to=None,
+        crop=None,
+        **pixel_values(name, {"resample": 2, **processor}, (0.5,) * CHANNELS, (0.5,) * CHANNELS),
+        image_size=None,
+        patch_size=patch_size,
+        leading_tokens=0,
+        max_num_patches=int(processor.get("max_num_patches", 256)),
     )
 
 

@@ -12,7 +12,12 @@ from engine.checkpoint.colbert import ColbertConfig
 from engine.checkpoint.cross_encoder import ChatTemplate, LogitScore, read_chat_template
 from engine.checkpoint.files import model_card, model_card_says_matryoshka, read_json
 from engine.checkpoint.folder import REMOTE_CODE, Checkpoint, read_folder
-from engine.checkpoint.images import ImageLayout, read_dynamic_image_layout, read_image_layout
+from engine.checkpoint.images import (
+    ImageLayout,
+    read_dynamic_image_layout,
+    read_image_layout,
+    read_naflex_image_layout,
+)
 from engine.checkpoint.listwise import ListwiseConfig
 from engine.checkpoint.splade import SpladeConfig
 from engine.errors import UnsupportedModel
@@ -78,7 +83,7 @@ class ModelSpec:
         """The longest sequence a batch may hold: the window, or a dual encoder's fixed-size image where
         that is longer (CLIP ViT-B/16's 197 tokens against its texts' 77)."""
         images = self.images
-        if images is None or images.image_size is None:
+        if images is None or (images.image_size is None and images.max_num_patches is None):
             return self.max_seq_length
         return max(self.max_seq_length, images.num_tokens)
 
@@ -219,6 +224,10 @@ def image_layout(checkpoint: Checkpoint, family_config: Any) -> ImageLayout | No
         return read_dynamic_image_layout(checkpoint.name, checkpoint.transformer_dir, vision)
     if not isinstance(family_config, DualEncoderConfig):
         return None
+    if family_config.variant.naflex:
+        return read_naflex_image_layout(
+            checkpoint.name, checkpoint.transformer_dir, checkpoint.hf_config.vision_config
+        )
     leading = int(family_config.variant.class_token)
     return read_image_layout(
         checkpoint.name, checkpoint.transformer_dir, checkpoint.hf_config.vision_config, leading

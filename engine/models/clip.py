@@ -5,7 +5,7 @@ has one; both towers run packed, without padding."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +54,10 @@ class DualEncoderVariant:
     # max_length) and as it reads them: pooled at the last position, pads attended to
     pads_texts: bool
     ignored: tuple[str, ...]  # what the checkpoint holds beside the towers (the logit scale of training)
+    # SigLIP2's NaFlex: images of any size and aspect up to its processor's max_num_patches, the patch
+    # embedding a Linear over (row, column, channel) pixels, the square position table resampled to each
+    # image's grid (bilinear, antialiased, as transformers' Siglip2VisionEmbeddings)
+    naflex: bool = False
 
 
 CLIP = DualEncoderVariant(
@@ -78,6 +82,7 @@ SIGLIP = DualEncoderVariant(
     pads_texts=True,
     ignored=("logit_scale", "logit_bias"),
 )
+SIGLIP2 = replace(SIGLIP, naflex=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,7 @@ class DualEncoderConfig:
     vision: TowerConfig
     vocab_size: int
     projection_dim: int  # the width of both towers' rows
-    image_size: int
+    image_size: int | None  # None: any (NaFlex)
     patch_size: int
     num_channels: int
     causal: bool = False  # the engine's prefix sharing reads this: never, for a dual encoder
@@ -126,13 +131,19 @@ class DualEncoderConfig:
     @classmethod
     def from_hf(cls, hf_config: Any, variant: DualEncoderVariant) -> DualEncoderConfig:
         text, vision = hf_config.text_config, hf_config.vision_config
-        if getattr(vision, "image_size", None) is None:  # SigLIP2's NaFlex: any resolution, not yet here
-            raise UnsupportedModel(f"{hf_config.model_type}: a vision tower without a fixed image size")
-        if vision.image_size % vision.patch_size:
+        image_size = None if variant.naflex else getattr(vision, "image_size", None)
+        if variant.naflex:  # its position table's entries, a square
+            num_patches = vision.num_patches
+            if round(num_patches**0.5) ** 2 != num_patches:
+                raise UnsupportedModel(
+                    f"{hf_config.model_type}: a position table of {num_patches}, not a square"
+                )
+        elif image_size is None or image_size % vision.patch_size:
             raise UnsupportedModel(f"{hf_config.model_type}: image_size is not a multiple of patch_size")
+        else:
+            num_patches = (image_size // vision.patch_size) ** 2
         if variant.attention_pool and not getattr(vision, "vision_use_head", True):
             raise UnsupportedModel(f"{hf_config.model_type}: a vision tower without its pooling head")
-        num_patches = (vision.image_size // vision.patch_size) ** 2
         width = getattr(hf_config, "projection_dim", None) or getattr(text, "projection_size", None)
         if variant.attention_pool and width != vision.hidden_size:
             raise UnsupportedModel(
@@ -144,7 +155,7 @@ class DualEncoderConfig:
             vision=TowerConfig.from_hf(vision, num_patches + variant.class_token),
             vocab_size=text.vocab_size,
             projection_dim=width or text.hidden_size,
-            image_size=vision.image_size,
+            image_size=image_size,
             patch_size=vision.patch_size,
             num_channels=vision.num_channels,
         )
@@ -266,8 +277,9 @@ class DualEncoderBackbone(Backbone):
         self.text_norm = AddLayerNorm(text.hidden_size, eps=text.layer_norm_eps)
         self.text_head = nn.Linear(text.hidden_size, config.projection_dim, bias=variant.text_head_bias)
         self.patch_embedding = PatchEmbedding(
-            vision.hidden_size, config.num_channels, config.patch_size, variant.patch_bias, affine
-        )
+            vision.hidden_size, config.num_channels, config.patch_size, variant.patch_bias, affine,
+            channels_last=variant.naflex,
+        )  # fmt: skip
         self.class_embedding = nn.Parameter(torch.empty(vision.hidden_size)) if variant.class_token else None
         self.image_positions = nn.Embedding(vision.num_positions, vision.hidden_size)
         self.pre_norm = (
@@ -319,16 +331,24 @@ class DualEncoderBackbone(Backbone):
         return self.text_head(self.text_norm(hidden[last], residual[last]))
 
     def image_rows(
-        self, pixels: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        pixels: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        grids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # a batch of images -> [num_seqs, projection_dim]: pixels [num_tokens, patch_dim] (zeros at a class
-        # token, which the variant has at position 0), positions restarting at 0 an image. Shape-static:
-        # a CUDA graph captures it
+        # token, which the variant has at position 0), positions restarting at 0 an image; NaFlex's `grids`
+        # [num_tokens, 2]: each token's image's rows and columns of patches. Shape-static: a CUDA graph
+        # captures it (of fixed-size images)
         hidden = self.patch_embedding(pixels)
         if self.class_embedding is not None:
             is_class = (positions == 0).unsqueeze(1)
             hidden = torch.where(is_class, self.class_embedding.to(hidden.dtype), hidden)
-        hidden = hidden + self.image_positions(positions)
+        if self.config.variant.naflex:
+            hidden = hidden + self.resampled_positions(positions, grids).to(hidden.dtype)
+        else:
+            hidden = hidden + self.image_positions(positions)
         if self.pre_norm is not None:
             hidden = self.pre_norm(hidden)
         hidden, residual = run_layers(self.vision_layers, hidden, meta)
@@ -336,6 +356,24 @@ class DualEncoderBackbone(Backbone):
             return self.attention_pool(self.vision_norm(hidden, residual), meta)
         first = cls_rows(meta, hidden.shape[0])
         return self.image_head(self.vision_norm(hidden[first], residual[first]))
+
+    def resampled_positions(self, positions: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, hidden] float32: each patch's entry of the square position table resized to its
+        image's grid, bilinear and antialiased without aligned corners (F.interpolate's weights, as
+        transformers' Siglip2VisionEmbeddings computes them): a weight per table row along the image's
+        rows, one per table column along its columns."""
+        side = round(self.config.vision.num_positions**0.5)
+        sizes = grids.float()  # [num_tokens, 2]: rows, columns
+        row = torch.div(positions, grids[:, 1], rounding_mode="floor")
+        index = torch.stack([row, positions - row * grids[:, 1]], dim=1).float()  # [num_tokens, 2]
+        scale = side / sizes
+        support = scale.clamp(min=1)
+        center = (index + 0.5) * scale - 0.5
+        source = torch.arange(side, device=positions.device, dtype=torch.float32)
+        weights = (1 - (source - center[..., None]).abs() / support[..., None]).clamp(min=0)
+        weights = weights / weights.sum(-1, keepdim=True)  # [num_tokens, 2, side]
+        both = (weights[:, 0, :, None] * weights[:, 1, None, :]).flatten(1)  # [num_tokens, side * side]
+        return both @ self.image_positions.weight.float()
 
     def weight_map(self) -> WeightTargets:
         config, variant = self.config, self.config.variant

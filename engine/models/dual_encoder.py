@@ -1,4 +1,4 @@
-"""A dual encoder's head (CLIP, SigLIP): a text's row from the text tower, an image's from the vision
+"""A dual encoder's head (CLIP, SigLIP, SigLIP2): a text's row from the text tower, an image's from the vision
 tower, both in one space and L2-normalized, in the order of the batch's sequences. Its HeadOutput says it
 takes images; a batch of texts alone runs as any text batch, one of images alone through the vision tower
 over the batch's own metadata (both in CUDA graphs), and one of both each tower over its own sequences
@@ -28,13 +28,16 @@ if TYPE_CHECKING:
     from engine.models.backbone import Backbone
 
 # model types whose checkpoints are dual encoders (engine/models/registry.py's rows name their variants)
-DUAL_ENCODER_TYPES = ("clip", "siglip")
+DUAL_ENCODER_TYPES = ("clip", "siglip", "siglip2")
 
 
 class DualEncoder(Head):
     def __init__(self, backbone: DualEncoderBackbone):
         super().__init__(backbone)
-        self.output = HeadOutput(SEQUENCE, backbone.config.projection_dim, (EMBED, RERANK), takes_images=True)
+        self.output = HeadOutput(
+            SEQUENCE, backbone.config.projection_dim, (EMBED, RERANK), takes_images=True,
+            image_grids=backbone.config.variant.naflex,
+        )  # fmt: skip
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata | None = None) -> torch.Tensor:
         # PackedBatch of texts and images -> [num_seqs, projection_dim] float32, normalized
@@ -49,7 +52,8 @@ class DualEncoder(Head):
         if images.only_images:  # the batch's own metadata; a CUDA graph captures this path
             if meta is None:
                 meta = AttentionMetadata.build(batch.cu_seqlens, batch.max_seqlen)
-            return F.normalize(backbone.image_rows(images.pixels, batch.positions, meta).float(), dim=-1)
+            rows = backbone.image_rows(images.pixels, batch.positions, meta, images.grids)
+            return F.normalize(rows.float(), dim=-1)
         device = batch.input_ids.device
         rows = torch.empty(batch.num_seqs, self.output.width, dtype=torch.float32, device=device)
         if images.text_seqs.numel():
@@ -66,7 +70,9 @@ class DualEncoder(Head):
         cu_seqlens = images.image_cu_seqlens
         image_meta = AttentionMetadata.build(cu_seqlens, int(torch.diff(cu_seqlens).max())).to(device)
         positions = batch.positions[images.image_tokens]
-        rows[images.image_seqs] = backbone.image_rows(images.pixels, positions, image_meta).float()
+        rows[images.image_seqs] = backbone.image_rows(
+            images.pixels, positions, image_meta, images.grids
+        ).float()
         return F.normalize(rows, dim=-1)
 
 

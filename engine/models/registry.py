@@ -90,7 +90,7 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 # Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention says, so
 # mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
 GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
-# CLIP and SigLIP: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
+# CLIP, SigLIP and SigLIP2: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
 # Qwen2-VL and Qwen3-VL: a decoder over texts that hold images (engine/models/vision_language.py), last token
 VISION_LANGUAGE = Family(VisionLanguageBackbone, ("embed",), "last", decoder=True)
@@ -125,6 +125,7 @@ MODEL_TYPES: dict[str, ModelType] = {
     "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
     "clip": ModelType(DUAL_ENCODER, "CLIPModel", clip.CLIP),
     "siglip": ModelType(DUAL_ENCODER, "SiglipModel", clip.SIGLIP),
+    "siglip2": ModelType(DUAL_ENCODER, "Siglip2Model", clip.SIGLIP2),
     "qwen2_vl": ModelType(VISION_LANGUAGE, "Qwen2VLModel", vision_language.QWEN2_VL),
     "qwen3_vl": ModelType(VISION_LANGUAGE, "Qwen3VLModel", vision_language.QWEN3_VL),
 }
