@@ -17,6 +17,7 @@ from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.images import ImageLimits, image_patches
 from api.models import EMBED, ServedModel
+from api.tokenize import TextEncoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,8 @@ async def embed_items(
     prompt: str = "",
 ) -> tuple[np.ndarray, int]:
     """Each item's vector, in order, and the tokens the model ran (an image's count as the tokens it
-    takes); texts are prompted, then tokenized and limited as the route says."""
+    takes); texts are prompted (a vision-language embedder's prompt is the system turn of every input:
+    TextEncoder.prompted), then tokenized and limited as the route says."""
     layout = model.spec.images
     images = [
         (index, image)
@@ -104,8 +106,7 @@ async def embed_items(
     fused = [item for item in items if isinstance(item, FusedInput)]
     for item in fused:
         check_fused(model, item)
-    texts = [prompt + item for item in items if isinstance(item, str)]
-    encoder = model.encoder
+    encoder, texts = model.encoder.prompted([item for item in items if isinstance(item, str)], prompt)
     sequences: list[Sequence[int]] = [[]] * len(items)
     if texts:
         encoded = iter(
@@ -121,7 +122,7 @@ async def embed_items(
         for (index, image), grid in zip(images, decoded):
             grids[index].append(grid)
             if not isinstance(items[index], FusedInput):
-                sequences[index] = image_sequence(model, grid, image.param)
+                sequences[index] = image_sequence(model, encoder, grid, image.param)
         entries = [None if not given else given[0] if len(given) == 1 else tuple(given) for given in grids]
         rows = dataclasses.replace(rows, images=entries)
     if fused:
@@ -135,7 +136,7 @@ async def embed_items(
                     for part in item.parts
                     for token in (next(ids) if isinstance(part, str) else vision_ids(model, next(own)))
                 ]
-                sequences[index] = laid_out(model, content, item.param)
+                sequences[index] = laid_out(model, encoder, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
     return vectors, sum(map(len, sequences))
 
@@ -151,13 +152,13 @@ def check_fused(model: ServedModel, item: FusedInput) -> None:
         )
 
 
-def image_sequence(model: ServedModel, grid: np.ndarray, where: str) -> list[int]:
+def image_sequence(model: ServedModel, encoder: TextEncoder, grid: np.ndarray, where: str) -> list[int]:
     """The token ids of an image of this grid of patches: a dual encoder's placeholder, a token for each
-    (the class token's too); a vision-language model's input layout of the image's vision tokens."""
+    (the class token's too); a vision-language model's input layout (`encoder`'s) of its vision tokens."""
     spec = model.spec
     if spec.input_layout is None:
         return [0] * spec.images.tokens_of(grid.shape[:2])
-    return laid_out(model, vision_ids(model, grid), where)
+    return laid_out(model, encoder, vision_ids(model, grid), where)
 
 
 def vision_ids(model: ServedModel, grid: np.ndarray) -> list[int]:
@@ -167,9 +168,9 @@ def vision_ids(model: ServedModel, grid: np.ndarray) -> list[int]:
     return [config.vision_start, *placeholders, config.vision_end]
 
 
-def laid_out(model: ServedModel, content: list[int], where: str) -> list[int]:
-    """An input's content in the model's input layout (TextEncoder.single), within its window."""
-    ids = model.encoder.single.apply(content)
+def laid_out(model: ServedModel, encoder: TextEncoder, content: list[int], where: str) -> list[int]:
+    """An input's content in the model's input layout (`encoder`'s single template), within its window."""
+    ids = encoder.single.apply(content)
     window = model.spec.max_seq_length
     if len(ids) > window:
         raise InvalidInput(

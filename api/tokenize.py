@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 # Qwen2's end of text: a vision-language embedder's input ends with it, and is pooled there (gme-Qwen2-VL)
 END_OF_TEXT = "<|endoftext|>"
+MAX_SYSTEM_TURNS = 64  # prompted()'s encoders kept: a model's configured prompts
 
 T = TypeVar("T")
 # tokenizing more than this many characters at once moves off the event loop, split over the encoder's
@@ -67,17 +69,13 @@ class TextEncoder:
         self.bound = CharBound.of(self.tokenizer)
         self.pool = TokenizerPool(num_threads)
         # each text's special tokens: the tokenizer's, or a vision-language embedder's chat layout of it
+        self.input_layout = input_layout
         self.single = (
             SingleTemplate.from_tokenizer(self.tokenizer)
             if input_layout is None
-            else SingleTemplate.from_chat(
-                input_layout.template.source,
-                input_layout.template.variables,
-                self.tokenizer,
-                END_OF_TEXT,
-                input_layout.system,
-            )
+            else self._chat_layout(input_layout.system)
         )
+        self._system_turns: dict[str, TextEncoder] = {}  # prompted(): the encoder of each system turn
         # a judge's or a chat template's layout of (query, document); None: the tokenizer's pair template
         self.pair_prompt = pair_prompt(pair_format, self.tokenizer, chat_template)
         if self.pair_prompt is not None:
@@ -88,6 +86,29 @@ class TextEncoder:
         sample_tokens = sum(map(len, self.content_ids([RATE_SAMPLE])))
         self.pool.observe(len(RATE_SAMPLE), time.perf_counter() - started)
         self.tokens_per_char = sample_tokens / len(RATE_SAMPLE)
+
+    def _chat_layout(self, system: str | None) -> SingleTemplate:
+        layout = self.input_layout
+        return SingleTemplate.from_chat(
+            layout.template.source, layout.template.variables, self.tokenizer, END_OF_TEXT, system
+        )
+
+    def prompted(self, texts: Sequence[str], prompt: str | None) -> tuple[TextEncoder, Sequence[str]]:
+        """The encoder and texts of a request's prompt: the prompt before each text; a vision-language
+        embedder's (its chat layout's) is the system turn instead, for its texts and images alike, as
+        sentence-transformers gives a message model's prompt (an encoder of that turn, sharing this one's
+        tokenizer and threads)."""
+        if not prompt:
+            return self, texts
+        if self.input_layout is None:
+            return self, [prompt + text for text in texts]
+        encoder = self._system_turns.get(prompt)
+        if encoder is None:
+            encoder = copy.copy(self)
+            encoder.single = self._chat_layout(prompt)
+            if len(self._system_turns) < MAX_SYSTEM_TURNS:  # a request's own prompt is not kept
+                self._system_turns[prompt] = encoder
+        return encoder, texts
 
     def content_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""

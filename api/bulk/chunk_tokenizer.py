@@ -23,6 +23,7 @@ import numpy as np
 from api.bulk.errors import TokenizerFailed
 from api.tokenize import TextEncoder
 from engine.checkpoint.colbert import ColbertConfig
+from engine.checkpoint.spec import InputLayout
 from scoring.late_interaction import LateInteraction
 
 MAX_DEFAULT_PROCESSES = 8  # 4 kept the H200 fed with 50-token texts (bulk suite); room for costlier texts
@@ -38,16 +39,24 @@ class Tokenization:
     prompt: str
     colbert: ColbertConfig | None = None  # a ColBERT model's layout of its queries and documents
     is_query: bool = False  # ColBERT: the texts are queries
+    padding: tuple[int, int] | None = None  # ModelSpec.text_padding (SigLIP's texts)
+    input_layout: InputLayout | None = None  # ModelSpec.input_layout (a vision-language embedder's)
 
     def encoder(self) -> TextEncoder:
-        return TextEncoder(self.tokenizer_path, self.window, self.vocab_size)
+        return TextEncoder(
+            self.tokenizer_path, self.window, self.vocab_size, padding=self.padding,
+            input_layout=self.input_layout,
+        )  # fmt: skip
 
     def encode(self, encoder: TextEncoder, texts: Sequence[str]) -> list[list[int]]:
-        """Texts over the window are truncated to it, as sentence-transformers does; a ColBERT model's
-        are laid out as its queries or documents (marker, length, a query's expansion), as the server's."""
-        prompted = [self.prompt + text for text in texts] if self.prompt else texts
+        """Texts over the window are truncated to it, as sentence-transformers does, each in the model's
+        layout as the server lays it out (its prompt, SigLIP's padding, a vision-language embedder's chat
+        layout); a ColBERT model's are laid out as its queries or documents (marker, length, a query's
+        expansion), as the server's."""
         if self.colbert is None:
-            return encoder.encode(prompted, self.window, True)
+            prompted_encoder, prompted = encoder.prompted(texts, self.prompt)
+            return prompted_encoder.encode(prompted, self.window, True)
+        prompted = [self.prompt + text for text in texts] if self.prompt else texts
         late = LateInteraction(self.colbert, encoder.single)
         layout = late.query_ids if self.is_query else late.document_ids
         bounded = encoder.bounded(prompted, late.content_room(self.is_query))

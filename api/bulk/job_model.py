@@ -84,7 +84,10 @@ class JobModel:
     def tokenization(self) -> Tokenization:
         spec = self.spec
         window, colbert = spec.max_seq_length, spec.colbert
-        return Tokenization(spec.tokenizer_path, window, spec.vocab_size, self.prompt, colbert, self.is_query)
+        return Tokenization(
+            spec.tokenizer_path, window, spec.vocab_size, self.prompt, colbert, self.is_query,
+            spec.text_padding, spec.input_layout,
+        )  # fmt: skip
 
     def open_tokenizer(self, num_processes: int | None) -> ChunkTokenizer:
         """None: worker processes beside a GPU engine, a thread beside a CPU one."""

@@ -60,9 +60,9 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
         if inputs.texts is not None:
             spec = model.spec
             prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
-            texts = [prompt + text for text in inputs.texts] if prompt else inputs.texts
+            prompted, texts = encoder.prompted(inputs.texts, prompt)
             sequences = await guard.tokenized(
-                encoder.encode_off_loop(texts, max_tokens, truncate, admission=guard)
+                prompted.encode_off_loop(texts, max_tokens, truncate, admission=guard)
             )
         else:
             if not server.config.accept_token_ids:

@@ -172,9 +172,9 @@ async def _token_ids(
         return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
     spec = model.spec
     prompt = select_prompt(spec.prompts, data.input_type, data.prompt_name, spec.default_prompt_name)
-    texts = [prompt + text for text in texts] if prompt else texts
+    prompted, texts = encoder.prompted(texts, prompt)
     max_tokens, truncate = truncation(data.truncate_prompt_tokens, encoder.window, auto_truncate)
-    return await encoder.encode_off_loop(texts, max_tokens, truncate, admission=guard)
+    return await prompted.encode_off_loop(texts, max_tokens, truncate, admission=guard)
 
 
 def _token_vectors(

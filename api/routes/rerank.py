@@ -28,6 +28,7 @@ from api.image_inputs import (
 )
 from api.inputs import check_query, check_texts
 from api.models import RERANK, ServedModel
+from api.prompts import select_prompt
 from api.responses import EncodedJson, documented
 from api.schemas.cohere import (
     ApiVersion,
@@ -148,18 +149,20 @@ async def dual_encoder_scores(
 ) -> np.ndarray:  # fmt: skip
     """An image embedder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
     the window, or to max_tokens_per_doc of its own tokens where that is less; or an image; the query too),
-    as an embedding model's rerank scores."""
-    window, limits = model.encoder.window, server.config.images
+    each with the model's query or document prompt, as an embedding model's rerank scores."""
+    spec, window, limits = model.spec, model.encoder.window, server.config.images
     _, document_tokens = read_tokens(model, options)
-    if document_tokens >= window or not any(isinstance(item, str) for item in items):
+    prompts = [select_prompt(spec.prompts, kind, None) for kind in ("query", "document")]
+    cut = document_tokens < window and any(isinstance(item, str) for item in items)
+    if not cut and not any(prompts):
         vectors, _ = await embed_items(model, [query, *items], guard, limits, window, True)
         return cosine_to_scores(vectors[0], vectors[1:])
     # the query within the window, the documents within their own limit (beside the layout's tokens): both
     # queued at once, so that they share the engine's batches
     document_limit = min(window, document_tokens + model.encoder.single.num_special_tokens)
     (query_vectors, _), (vectors, _) = await asyncio.gather(
-        embed_items(model, [query], guard, limits, window, True),
-        embed_items(model, items, guard, limits, document_limit, True),
+        embed_items(model, [query], guard, limits, window, True, prompt=prompts[0]),
+        embed_items(model, items, guard, limits, document_limit if cut else window, True, prompt=prompts[1]),
     )
     return cosine_to_scores(query_vectors[0], vectors)
 

@@ -61,11 +61,11 @@ async def embed_tei(request: Request, server: NamedDependency[Server]) -> Encode
             "normalize",
         )
     prompt = select_prompt(spec.prompts, None, data.prompt_name, spec.default_prompt_name)
-    texts = [prompt + text for text in texts] if prompt else texts
+    prompted, texts = encoder.prompted(texts, prompt)
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
+    sequences = await guard.tokenized(prompted.encode_off_loop(texts, None, truncate, keep_end, guard))
     vectors = await guard.run(sequences, rows=model.rows(EMBED))
     server.metrics.count_prompt_tokens(model.name, sum(map(len, sequences)))
     if data.normalize and not spec.normalize:  # TEI normalizes whatever the model does
@@ -90,11 +90,11 @@ async def embed_sparse_tei(request: Request, server: NamedDependency[Server]) ->
         raise InvalidInput("inputs must not be empty", "inputs")
     check_texts(texts, server.config.max_inputs, "inputs")
     prompt = select_prompt(spec.prompts, None, data.prompt_name, spec.default_prompt_name)
-    texts = [prompt + text for text in texts] if prompt else texts
+    prompted, texts = encoder.prompted(texts, prompt)
     truncate = server.config.auto_truncate if data.truncate is None else data.truncate
     keep_end = data.truncation_direction == "Left"
     guard = RequestGuard(model.engine, request, server.config)
-    sequences = await guard.tokenized(encoder.encode_off_loop(texts, None, truncate, keep_end, guard))
+    sequences = await guard.tokenized(prompted.encode_off_loop(texts, None, truncate, keep_end, guard))
     # the engine's rows as the head declares them: a weight a token (bge-m3), or the vocabulary's a text
     output, asked = model.engine.output, model.rows(SPARSE_EMBED)
     num_rows, rows_of = (len(sequences), "texts")

@@ -207,6 +207,38 @@ def test_a_bge_m3_job_writes_its_dense_vectors(minilm_path, tmp_path):
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["siglip", "qwen3_vl"])
+def test_an_image_models_job_lays_texts_out_as_the_server_does(tmp_path, kind):
+    """An image model's texts in a bulk job: SigLIP's padded to its window, a vision-language embedder's in
+    its chat layout with its query prompt as the system turn; the rows the server gives the same texts."""
+    from litestar.testing import TestClient
+
+    from api.app import create_app
+    from api.config import ServerConfig
+    from benchmarks.image_checkpoints import dual_encoder_checkpoint, vision_language_checkpoint
+
+    if kind == "siglip":
+        folder, _ = dual_encoder_checkpoint(tmp_path / kind, kind)
+    else:
+        folder, _ = vision_language_checkpoint(tmp_path / kind, kind=kind)
+        prompts = {"prompts": {"query": "Find the picture of the animal.", "document": ""}}
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    texts = [f"a photo of a cat number {index}" for index in range(12)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(folder)), engine=CPU_FP32,
+        input_type="query",
+    )  # fmt: skip
+    assert asyncio.run(job.run_job(config)).rows == len(texts)
+    written = np.array(read_output(str(tmp_path / "out")).column("embedding").to_pylist(), dtype=np.float32)
+    server = ServerConfig(models=(str(folder),), engine=CPU_FP32)
+    with TestClient(create_app(server)) as client:
+        response = client.post("/v1/embeddings", json={"input": texts, "input_type": "query"})
+    assert response.status_code == 200, response.text
+    expected = np.array([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(written, expected, atol=1e-5, rtol=0)
+
+
 def test_a_splade_job_writes_each_texts_sparse_vector(minilm_path, tmp_path):
     """A SPLADE model's rows are its vocabulary's weights: the job writes each text's non-zero ones,
     {indices, values} by token id, as sentence-transformers' SparseEncoder gives them (within 1e-5)."""

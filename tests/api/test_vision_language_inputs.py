@@ -114,3 +114,43 @@ def test_bad_inputs_are_400s(served):
         and "200 times" in response.json()["error"]["message"]
     )
     assert client.post("/v1/embeddings", json={"model": "gme", "input": TEXTS}).status_code == 200
+
+
+@pytest.mark.parametrize("kind", list(EMBEDDER_LAYOUTS))
+def test_a_prompt_is_the_system_turn_of_texts_and_images(tmp_path, kind):
+    """A vision-language embedder's prompt (its sentence-transformers prompts, by input_type or
+    prompt_name) is the system turn of each input, text or image, as sentence-transformers gives a message
+    model's prompt: the same vectors as transformers' on that layout; without one, the default turn."""
+    import json
+
+    from benchmarks.image_checkpoints import EMBEDDER_LAYOUT
+
+    folder, model = vision_language_checkpoint(tmp_path / kind, kind=kind)
+    instruction = "Find the picture of the animal."
+    prompts = {"query": instruction, "document": ""}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+    expected = embedder_vectors(model, folder, EMBEDDER_LAYOUT.format(instruction), TEXTS[:1], IMAGES[:1])
+    plain = embedder_vectors(model, folder, EMBEDDER_LAYOUTS[kind], TEXTS[:1], IMAGES[:1])
+    assert np.abs(expected - plain).max() > 100 * TOLERANCE  # the turn matters: the test can fail
+    image = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
+    config = ServerConfig(models=(str(folder),), served_model_names=(("gme",),), tokenizer_threads=2)
+    with TestClient(create_app(config)) as client:
+        for body in ({"input_type": "query"}, {"prompt_name": "query"}):
+            response = client.post(
+                "/v1/embeddings", json={"model": "gme", "input": [TEXTS[0], image], **body}
+            )
+            assert response.status_code == 200, response.text
+            np.testing.assert_allclose(vectors(response.json()), expected, atol=TOLERANCE, rtol=0)
+        response = client.post("/embed", json={"inputs": TEXTS[:1], "prompt_name": "query"})  # TEI's
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json(), expected[:1], atol=TOLERANCE, rtol=0)
+        response = client.post("/v1/embeddings", json={"model": "gme", "input": [TEXTS[0], image]})
+        np.testing.assert_allclose(vectors(response.json()), plain, atol=TOLERANCE, rtol=0)
+        # rerank: the query in its prompt's turn, each document in the document prompt's (none: the default)
+        response = client.post(
+            "/v2/rerank",
+            json={"model": "gme", "query": TEXTS[0], "documents": [{"image": data_uri(IMAGES[0])}]},
+        )
+        assert response.status_code == 200, response.text
+        score = response.json()["results"][0]["relevance_score"]
+        assert score == pytest.approx((1 + expected[0] @ plain[1]) / 2, abs=TOLERANCE)
