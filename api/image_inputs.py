@@ -18,6 +18,7 @@ from api.guard import RequestGuard
 from api.images import ImageLimits, image_patches
 from api.models import EMBED, ServedModel
 from api.tokenize import TextEncoder
+from api.tokenizer_pool import StartBy
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,9 @@ async def decoded_images(
     model: ServedModel, images: Sequence[ImageInput], guard: RequestGuard, limits: ImageLimits
 ) -> list[np.ndarray]:
     """Each image's grid of patches, decoded on the model's image threads (counted as the request's
-    tokenization); the first bad one (in order) raises its 400."""
+    tokenization, and admitted as it is: decoding behind what is queued on the threads, at their measured
+    rate, must fit the request's deadline beside the engine's queue, else a 429 before it waits); the first
+    bad one (in order) raises its 400."""
     layout = model.spec.images
 
     def work(part: Sequence[str], first: int) -> list[np.ndarray]:
@@ -193,13 +196,21 @@ async def decoded_images(
             for offset, source in enumerate(part)
         ]
 
-    return await guard.tokenized(decode_all(model.image_pool, work, [image.source for image in images]))
+    sources = [image.source for image in images]
+    pool, num_chars = model.image_pool, sum(map(len, sources))
+    # a fixed-size image's tokens are known before it is decoded; a dynamic one's are not (none guessed)
+    tokens = len(images) * layout.num_tokens if layout.image_size is not None else 0
+    start_by = guard.admit_tokenization(
+        pool.seconds_for(num_chars), pool.seconds_for(num_chars, behind_queued=False), tokens
+    )
+    return await guard.tokenized(decode_all(pool, work, sources, start_by))
 
 
-async def decode_all(pool, work, sources: list[str]) -> list[np.ndarray]:
-    """The images' patches, decoded on the model's image threads; the first failure (in order) is raised."""
+async def decode_all(pool, work, sources: list[str], start_by: StartBy | None = None) -> list[np.ndarray]:
+    """The images' patches, decoded on the model's image threads, each part started by `start_by`; the
+    first failure (in order) is raised."""
     joined: list[np.ndarray] = []
-    for part in await pool.map(work, sources):
+    for part in await pool.map(work, sources, start_by):
         if isinstance(part, BaseException):
             raise part
         joined += part

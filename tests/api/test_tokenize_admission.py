@@ -215,3 +215,34 @@ def test_a_vision_language_requests_patches_count_in_its_estimate():
     guard = guard_for(VisionLanguage(0.0))
     with pytest.raises(NeverInTime):
         asyncio.run(guard.run(sequence, rows=RowRequest(images=[grid])))
+
+
+def test_image_decoding_behind_a_busy_queue_is_refused_before_it_waits():
+    """An image request's decoding is admitted as a text's tokenization is: behind what is queued on the
+    image threads (at their measured rate per character of the images' sources), it must fit the share of
+    the deadline the engine's queue leaves, else a 429 before it waits and without being decoded."""
+    from types import SimpleNamespace
+
+    from api.image_inputs import ImageInput, decoded_images
+    from api.images import ImageLimits
+
+    pool = TokenizerPool(1)
+    pool.observe(1000, 1.0)  # 1 ms a character
+    release = threading.Event()
+
+    async def scenario():
+        held = asyncio.ensure_future(pool.map(lambda part, first: release.wait(10), ["x" * 2000]))
+        await asyncio.sleep(0.05)  # another request's 2 s of images hold the one thread
+        layout = SimpleNamespace(image_size=None, num_tokens=0)
+        model = SimpleNamespace(spec=SimpleNamespace(images=layout), image_pool=pool)
+        images = [ImageInput("y" * 100, "input[0]")]
+        try:
+            with pytest.raises(TokenizerBehind):
+                await decoded_images(model, images, guard_for(Backlogged(0.0)), ImageLimits())
+        finally:
+            release.set()
+            await held
+
+    asyncio.run(scenario())  # (decoded, its "y"s would be a 400 of bad base64, not a 429)
+    assert pool.queued_chars == 0
+    pool.close()
