@@ -252,3 +252,16 @@ class _Watch:
             self._task.cancel()
         if not self.work.done():
             self.work.cancel()
+
+
+async def together(calls: list[Awaitable[T]]) -> list[T]:
+    """The calls' results in order, run at once so that their sequences share batches; the first to fail
+    cancels the others (their queued work is dropped) and its error is raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -1,6 +1,6 @@
 """Inputs that are texts or images, as the embeddings routes take them (OpenAI's `input` parts as vLLM takes
 them, Cohere v2's `images` and `inputs`): each one a vector; a vision-language model's input may also fuse
-an image and texts (Cohere v2's input of several content parts). Texts are tokenized, images decoded and
+images and texts (Cohere v2's input of several content parts). Texts are tokenized, images decoded and
 made into patches on the model's image threads; an image's sequence is a placeholder of the tokens it
 takes, so that budgets and admission count it, and its patches ride along (RowRequest.images)."""
 
@@ -19,6 +19,7 @@ from api.images import ImageLimits, image_patches
 from api.models import EMBED, ServedModel
 from api.tokenize import TextEncoder
 from api.tokenizer_pool import StartBy
+from engine.inline_images import image_entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class ImageInput:
 
 @dataclass(frozen=True, slots=True)
 class FusedInput:
-    """Content parts embedded as one vector, in order: a vision-language model's image beside its texts."""
+    """Content parts embedded as one vector, in order: a vision-language model's images among its texts."""
 
     parts: tuple[str | ImageInput, ...]
     param: str  # where the request named it ("inputs[2]")
@@ -124,8 +125,7 @@ async def embed_items(
             grids[index].append(grid)
             if not isinstance(items[index], FusedInput):
                 sequences[index] = image_sequence(model, encoder, grid, image.param)
-        entries = [None if not given else given[0] if len(given) == 1 else tuple(given) for given in grids]
-        rows = dataclasses.replace(rows, images=entries)
+        rows = dataclasses.replace(rows, images=[image_entry(given) for given in grids])
     if fused:
         pieces = [part for item in fused for part in item.parts if isinstance(part, str)]
         ids = iter(await guard.tokenized(encoder.content_ids_off_loop(pieces, guard, encoder.window)))
@@ -135,7 +135,11 @@ async def embed_items(
                 content = [
                     token
                     for part in item.parts
-                    for token in (next(ids) if isinstance(part, str) else vision_ids(model, next(own)))
+                    for token in (
+                        check_vision_free(model, next(ids), item.param)
+                        if isinstance(part, str)
+                        else vision_ids(model, next(own))
+                    )
                 ]
                 sequences[index] = laid_out(model, encoder, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
@@ -169,6 +173,31 @@ def vision_ids(model: ServedModel, grid: np.ndarray) -> list[int]:
     return [config.vision_start, *placeholders, config.vision_end]
 
 
+def check_vision_free(model: ServedModel, ids: list[int], where: str) -> list[int]:
+    """A text's ids that share a sequence with an image: none of the model's vision tokens (a text that
+    spells "<|image_pad|>" tokenizes to the image placeholder, which the image's run would not match)."""
+    config = model.spec.config
+    if {config.image_token_id, config.vision_start, config.vision_end}.intersection(ids):
+        raise InvalidInput(
+            f"{where} holds a token the model '{model.name}' keeps for images (such as <|image_pad|>): "
+            "send images as image parts",
+            where.split("[")[0],
+        )
+    return ids
+
+
+def image_document(model: ServedModel, around: list[list[int]], grid: np.ndarray, where: str) -> list[int]:
+    """An image document in a multi-vector model's layout (the ids before and after its vision tokens, as
+    LateInteraction.image_texts gives them), within the model's window."""
+    ids = [*around[0], *vision_ids(model, grid), *around[1]]
+    window = model.spec.max_seq_length
+    if len(ids) > window:
+        raise InvalidInput(
+            f"{where} takes {len(ids)} tokens, more than the model's window of {window}", where.split("[")[0]
+        )
+    return ids
+
+
 def laid_out(model: ServedModel, encoder: TextEncoder, content: list[int], where: str) -> list[int]:
     """An input's content in the model's input layout (`encoder`'s single template), within its window."""
     ids = encoder.single.apply(content)
@@ -198,8 +227,10 @@ async def decoded_images(
 
     sources = [image.source for image in images]
     pool, num_chars = model.image_pool, sum(map(len, sources))
-    # a fixed-size image's tokens are known before it is decoded; a dynamic one's are not (none guessed)
-    tokens = len(images) * layout.num_tokens if layout.image_size is not None else 0
+    # a fixed-size image's tokens are known before it is decoded, a NaFlex one's at most; a dynamic one's
+    # are not (none guessed)
+    sized = layout.image_size is not None or layout.max_num_patches is not None
+    tokens = len(images) * layout.num_tokens if sized else 0
     start_by = guard.admit_tokenization(
         pool.seconds_for(num_chars), pool.seconds_for(num_chars, behind_queued=False), tokens
     )

@@ -85,7 +85,12 @@ class TextEncoder:
         started = time.perf_counter()
         sample_tokens = sum(map(len, self.content_ids([RATE_SAMPLE])))
         self.pool.observe(len(RATE_SAMPLE), time.perf_counter() - started)
-        self.tokens_per_char = sample_tokens / len(RATE_SAMPLE)
+        # the texts' measured tokens a character, one list that prompted() encoders share
+        self._tokens_per_char = [sample_tokens / len(RATE_SAMPLE)]
+
+    @property
+    def tokens_per_char(self) -> float:
+        return self._tokens_per_char[0]
 
     def _chat_layout(self, system: str | None) -> SingleTemplate:
         layout = self.input_layout
@@ -106,7 +111,7 @@ class TextEncoder:
         if encoder is None:
             encoder = copy.copy(self)
             encoder.single = self._chat_layout(prompt)
-            if len(self._system_turns) < MAX_SYSTEM_TURNS:  # a request's own prompt is not kept
+            if len(self._system_turns) < MAX_SYSTEM_TURNS:
                 self._system_turns[prompt] = encoder
         return encoder, texts
 
@@ -183,7 +188,8 @@ class TextEncoder:
             joined += part
         num_tokens = sum(map(len, joined))
         weight = TOKENS_PER_CHAR_WEIGHT
-        self.tokens_per_char = (1 - weight) * self.tokens_per_char + weight * num_tokens / max(1, num_chars)
+        measured = num_tokens / max(1, num_chars)
+        self._tokens_per_char[0] = (1 - weight) * self.tokens_per_char + weight * measured
         return joined
 
     def close(self) -> None:

@@ -203,7 +203,8 @@ def pack(
     are the token offsets inside sequence i where a new pooled span starts (late chunking). A MARKER
     head's row_tokens give the rows (`row_index`). With `first_rows`, sequence i of a token head gives its
     first row only where first_rows[i] (`kept_rows`). `images[i]` (None: a text) makes sequence i an image,
-    of those patches' pixels (ImageBatch)."""
+    of those patches' pixels (ImageBatch), or for a head with an image_run the images it holds, in order
+    (InlineImages)."""
     query_only_token = None if output is None else output.query_only_token
     row_tokens = output.row_tokens if output is not None and output.rows == MARKER else None
     prefixes_scored = output is not None and output.scores_prefix

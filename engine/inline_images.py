@@ -54,6 +54,12 @@ def images_of(entry: ImageEntry) -> tuple[np.ndarray, ...]:
     return entry if isinstance(entry, tuple) else (entry,)
 
 
+def image_entry(images: Sequence[np.ndarray | None]) -> ImageEntry:
+    """The entry of a sequence that holds these images, in order (Nones left out)."""
+    given = tuple(image for image in images if image is not None)
+    return None if not given else given[0] if len(given) == 1 else given
+
+
 def vision_patches(entry: ImageEntry) -> int:
     """The patches of a sequence's images (none for a text): the rows the vision tower runs for them, four
     for each merged token its sequence holds."""

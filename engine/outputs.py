@@ -50,7 +50,9 @@ class HeadOutput(msgspec.Struct, frozen=True, array_like=True):
     scores_prefix: bool = False
     takes_first_rows: bool = False  # TOKEN: a request may take each sequence's first row only
     task_rows: dict[str, TaskRows] = {}  # of the tasks, those that read fewer rows or columns than given
-    takes_images: bool = False  # SEQUENCE: a request's sequences may be images (a dual encoder's) or hold one
+    # SEQUENCE: a request's sequences may be images (a dual encoder's) or hold them (a vision-language
+    # model's)
+    takes_images: bool = False
     # (placeholder token, merge) where an image sits inside its sequence (a vision-language model's): a run
     # of that token, one for each merge x merge patches; None: an image is a sequence of its own
     image_run: tuple[int, int] | None = None

@@ -33,7 +33,7 @@ class ScheduledSequence:
     is_prefix: bool = False
     spans: Sequence[int] | None = None  # where its pooled spans start (late chunking); None: one span
     first_row: bool = False  # a token head gives its first row only, not a row a token (bge-m3's dense)
-    image: object = None  # the pixels of the image it is (RowRequest.images); None: a text
+    image: object = None  # the pixels of the image it is or holds (RowRequest.images' entry); None: a text
 
 
 @dataclass(slots=True, eq=False)

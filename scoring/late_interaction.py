@@ -12,31 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.checkpoint.colbert import ColbertConfig
-from scoring.templates import IMAGE_MARK, SingleTemplate
+from scoring.templates import SingleTemplate
 
 # the input types (a request's input_type, posy embed's --input-type) that lay texts out as queries
 QUERY_INPUT_TYPES = ("query", "search_query")
-
-
-@dataclass(frozen=True, slots=True)
-class TextLayout:
-    """The text a multi-vector model's processor makes of a query, a text document and an image document:
-    "{}" is the text, IMAGE_MARK the image's vision tokens."""
-
-    query: str
-    document: str
-    image: str
-
-
-# transformers' ColQwen2Processor (as colpali-engine's): a query's ten augmentation tokens after it; any text
-# is laid out so, documents too
-COLQWEN2_QUERY = "Query: {}" + "<|endoftext|>" * 10 + "\n"
-COLQWEN2 = TextLayout(
-    query=COLQWEN2_QUERY,
-    document=COLQWEN2_QUERY,
-    image=f"<|im_start|>user\n{IMAGE_MARK}Describe the image.<|im_end|><|endoftext|>",
-)
-TEXT_LAYOUTS = {"colqwen2": COLQWEN2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,20 +23,23 @@ class LateInteraction:
     config: ColbertConfig
     single: SingleTemplate
 
-    @property
-    def layout(self) -> TextLayout | None:
-        return TEXT_LAYOUTS[self.config.text_layout] if self.config.text_layout is not None else None
-
-    # the prompts protocol of scoring/templates: a query's and a document's text before tokenization
+    # the prompts protocol of scoring/templates: a query's and a document's text before tokenization (a
+    # processor's layout of either: ColQwen2's lays documents out as queries)
     def query_text(self, query: str, instruction: str | None = None) -> str:
-        return query if self.layout is None else self.layout.query.format(query)
+        layout = self.config.text_layout
+        return query if layout is None else layout.query_prefix + query + layout.query_suffix
 
     def document_text(self, document: str) -> str:
-        return document if self.layout is None else self.layout.document.format(document)
+        return self.query_text(document)
+
+    def laid_out_text(self, text: str, is_query: bool) -> str:
+        """A text as a query's or a document's, before tokenization."""
+        return self.query_text(text) if is_query else self.document_text(text)
 
     def image_texts(self) -> list[str] | None:
         """The texts before and after an image document's vision tokens; None: the model takes no image."""
-        return None if self.layout is None else self.layout.image.split(IMAGE_MARK)
+        layout = self.config.text_layout
+        return None if layout is None else [layout.image_before, layout.image_after]
 
     def query_ids(self, content: Sequence[int]) -> list[int]:
         """A query's tokens: cut to query_length, then expanded to it (where the model expands)."""

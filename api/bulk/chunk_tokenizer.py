@@ -60,7 +60,8 @@ class Tokenization:
         late = LateInteraction(self.colbert, encoder.single)
         layout = late.query_ids if self.is_query else late.document_ids
         bounded = encoder.bounded(prompted, late.content_room(self.is_query))
-        return [layout(ids) for ids in encoder.content_ids(bounded)]
+        laid_out = [late.laid_out_text(text, self.is_query) for text in bounded]  # ColQwen2's text layout
+        return [layout(ids) for ids in encoder.content_ids(laid_out)]
 
 
 class ChunkTokenizer(Protocol):

@@ -18,7 +18,7 @@ from api.body import decode_body
 from api.config import MAX_TOKEN_OUTPUT_FLOATS
 from api.errors import InvalidInput, OutputTooLarge
 from api.guard import RequestGuard
-from api.image_inputs import ImageInput, content_item, decoded_images, vision_ids
+from api.image_inputs import ImageInput, content_item, decoded_images, image_document
 from api.inputs import check_texts
 from api.models import EMBED, TASK_ROUTES, TOKEN_EMBED, ServedModel
 from api.prompts import select_prompt
@@ -74,7 +74,7 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
     output = model.engine.output
     asked = ALL_ROWS if task == "all" else model.rows(task)  # bge-m3's all: its whole token rows
     if len(texts) < len(items):  # images among them
-        sequences, grids = await _with_images(model, task, items, sequences, guard, server)
+        sequences, grids = await _with_images(model, task, items, sequences, guard, server, is_query)
         asked = dataclasses.replace(asked, images=grids)
     num_tokens = sum(map(len, sequences))
     width = asked.width(output)
@@ -113,7 +113,7 @@ async def pooling(request: Request, server: NamedDependency[Server]) -> EncodedJ
 
 async def _with_images(
     model: ServedModel, task: str, items: list, text_sequences: list[list[int]], guard: RequestGuard,
-    server: Server,
+    server: Server, is_query: bool,
 ) -> tuple[list[list[int]], list[np.ndarray | None]]:  # fmt: skip
     """The sequences of texts and images in order, and each one's image: a multi-vector image model's image
     document laid out as its processor lays it out (LateInteraction.image_texts), its vision tokens in it."""
@@ -127,19 +127,20 @@ async def _with_images(
             "models",
             "input",
         )
+    if is_query:
+        raise InvalidInput(
+            f"{images[0].param} is an image, and input_type asks for queries: the model '{model.name}' "
+            "embeds a query from its text, an image as a document",
+            "input_type",
+        )
     decoded = iter(await decoded_images(model, images, guard, server.config.images))
-    before, after = model.encoder.content_ids(around)
-    texts, window = iter(text_sequences), model.spec.max_seq_length
+    ids = model.encoder.content_ids(around)
+    texts = iter(text_sequences)
     sequences, grids = [], []
     for item in items:
         grid = next(decoded) if isinstance(item, ImageInput) else None
-        sequences.append(next(texts) if grid is None else [*before, *vision_ids(model, grid), *after])
+        sequences.append(next(texts) if grid is None else image_document(model, ids, grid, item.param))
         grids.append(grid)
-        if len(sequences[-1]) > window:
-            raise InvalidInput(
-                f"{item.param} takes {len(sequences[-1])} tokens, more than the model's window of {window}",
-                "input",
-            )
     return sequences, grids
 
 
@@ -166,8 +167,7 @@ async def _token_ids(
     encoder, late = model.encoder, model.late_interaction
     if late is not None:  # cut to the model's query or document length, as its own encode does
         room = late.content_room(is_query)
-        laid_out = late.query_text if is_query else late.document_text
-        texts = [laid_out(text) for text in encoder.bounded(texts, room)]
+        texts = [late.laid_out_text(text, is_query) for text in encoder.bounded(texts, room)]
         content = await encoder.content_ids_off_loop(texts, guard, room)
         return [late.query_ids(ids) if is_query else late.document_ids(ids) for ids in content]
     spec = model.spec

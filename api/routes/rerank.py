@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import uuid
@@ -17,18 +16,11 @@ from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC, DEFAULT_MAX_TOKENS_PER_DOC
 from api.errors import InvalidInput
 from api.guard import RequestGuard
-from api.image_inputs import (
-    ImageInput,
-    Item,
-    content_item,
-    decoded_images,
-    embed_items,
-    single_part,
-    vision_ids,
-)
+from api.image_inputs import ImageInput, Item, content_item, single_part
+from api.image_rerank import image_embedder_scores, max_sim_scores, ranker_scores
+from api.images import ImageLimits
 from api.inputs import check_query, check_texts
 from api.models import RERANK, ServedModel
-from api.prompts import select_prompt
 from api.responses import EncodedJson, documented
 from api.schemas.cohere import (
     ApiVersion,
@@ -40,10 +32,8 @@ from api.schemas.cohere import (
     RerankResult,
 )
 from api.server import Server
-from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
 from scoring.listwise import MAX_DOCUMENT_TOKENS, MAX_QUERY_TOKENS, listwise_scores
 from scoring.rerank import RerankOptions, rerank_scores
-from scoring.templates import IMAGE_MARK
 
 # lists and objects inside a v1 document object; far deeper ones could exhaust the stack when the
 # document is turned into text or returned (Python's recursion limit, which msgspec shares)
@@ -93,12 +83,11 @@ async def _rerank(
         check_texts(
             [item for item in items if isinstance(item, str)], server.config.max_documents, "documents"
         )
-        if ranker:  # a vision-language ranker: each pair one sequence, its image in it
-            scores = await pair_scores_with_images(model, query, items, options, guard, server)
-        elif late:  # a multi-vector image retriever (ColQwen2): MaxSim against each document
-            scores = await max_sim_with_images(model, query, items, options, guard, server)
-        else:  # an image embedder: texts and images, each a vector
-            scores = await dual_encoder_scores(model, query, items, options, guard, server)
+        # a vision-language ranker (each pair one sequence, its images in it), a multi-vector image
+        # retriever (ColQwen2: MaxSim against each document), or an image embedder (each a vector)
+        score = ranker_scores if ranker else max_sim_scores if late else image_embedder_scores
+        limits, reads = server.config.images, read_tokens(model, options)
+        scores = await score(model, query, items, options, guard, limits, reads)
     else:
         images = [item for item in [query, *items] if isinstance(item, ImageInput)]
         if images:
@@ -130,6 +119,10 @@ async def score_texts(
     tokenized: their first tokens are the whole text's, and a 7 MB document costs no 7 MB of
     tokenization."""
     query_tokens, document_tokens = read_tokens(model, options)
+    if model.spec.images is not None and model.spec.task == "embed":  # as /v1 and /v2 rerank score them
+        reads = (query_tokens, document_tokens)
+        # (texts only: no image's limits apply)
+        return await image_embedder_scores(model, query, texts, options, guard, ImageLimits(), reads)  # type: ignore[arg-type]
     bound, most = model.encoder.bound, max(query_tokens, document_tokens)
     query, texts = bound.cut(query, query_tokens), [bound.cut(text, document_tokens) for text in texts]
     if model.listwise is not None:
@@ -141,137 +134,6 @@ async def score_texts(
     prompted = rerank_model.texts(query, texts, options.instruction)
     ids = await guard.tokenized(encoder.content_ids_off_loop(prompted, guard, most))
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
-
-
-async def dual_encoder_scores(
-    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    server: Server,
-) -> np.ndarray:  # fmt: skip
-    """An image embedder's scores: (1 + cosine) / 2 of the query's vector and each document's (a text cut to
-    the window, or to max_tokens_per_doc of its own tokens where that is less; or an image; the query too),
-    each with the model's query or document prompt, as an embedding model's rerank scores."""
-    spec, window, limits = model.spec, model.encoder.window, server.config.images
-    _, document_tokens = read_tokens(model, options)
-    prompts = [select_prompt(spec.prompts, kind, None) for kind in ("query", "document")]
-    cut = document_tokens < window and any(isinstance(item, str) for item in items)
-    if not cut and not any(prompts):
-        vectors, _ = await embed_items(model, [query, *items], guard, limits, window, True)
-        return cosine_to_scores(vectors[0], vectors[1:])
-    # the query within the window, the documents within their own limit (beside the layout's tokens): both
-    # queued at once, so that they share the engine's batches
-    document_limit = min(window, document_tokens + model.encoder.single.num_special_tokens)
-    (query_vectors, _), (vectors, _) = await asyncio.gather(
-        embed_items(model, [query], guard, limits, window, True, prompt=prompts[0]),
-        embed_items(model, items, guard, limits, document_limit if cut else window, True, prompt=prompts[1]),
-    )
-    return cosine_to_scores(query_vectors[0], vectors)
-
-
-async def pair_scores_with_images(
-    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    server: Server,
-) -> np.ndarray:  # fmt: skip
-    """A vision-language ranker's scores (jina-reranker-m0's, Qwen3-VL-Reranker's): each (query, document)
-    pair one sequence in the model's pair layout and prompts, an image's vision tokens where its text
-    would be (an image query and an image document: both, in the pair's order). Texts are cut to what
-    rerank reads of them (read_tokens)."""
-    inputs = [query, *items]
-    images = [item for item in inputs if isinstance(item, ImageInput)]
-    grids = iter(await decoded_images(model, images, guard, server.config.images))
-    query_tokens, document_tokens = read_tokens(model, options)
-    limits = [query_tokens, *[document_tokens] * len(items)]
-    bound, prompts = model.encoder.bound, model.rerank_model().prompts
-
-    def prompted(item: Item, index: int) -> list[str]:
-        # a text in its prompt (one text); an image's prompt around it (the texts before and after it)
-        text = bound.cut(item, limits[index]) if isinstance(item, str) else IMAGE_MARK
-        text = prompts.query_text(text, options.instruction) if index == 0 else prompts.document_text(text)
-        return [text] if isinstance(item, str) else text.split(IMAGE_MARK)
-
-    pieces = [prompted(item, index) for index, item in enumerate(inputs)]
-    tokenizing = model.encoder.content_ids_off_loop(
-        [piece for parts in pieces for piece in parts], guard, max(query_tokens, document_tokens)
-    )
-    ids = iter(await guard.tokenized(tokenizing))
-    contents, pair_images = [], []
-    for item, limit in zip(inputs, limits):
-        grid = next(grids) if isinstance(item, ImageInput) else None
-        if grid is None:
-            contents.append(next(ids)[:limit])
-        else:
-            contents.append([*next(ids), *vision_ids(model, grid), *next(ids)])
-        pair_images.append(grid)
-    window, sequences = model.spec.max_seq_length, []
-    for index, document_ids in enumerate(contents[1:]):
-        sequence, _ = model.encoder.pair.apply(contents[0], document_ids)
-        if len(sequence) > window:
-            raise InvalidInput(
-                f"documents[{index}] with the query takes {len(sequence)} tokens, more than the model's "
-                f"window of {window}",
-                "documents",
-            )
-        sequences.append(sequence)
-    # each pair's images in the order its layout places them
-    document_first = model.encoder.pair.document_first
-    pair_grids = [
-        pair_entry([document, pair_images[0]] if document_first else [pair_images[0], document])
-        for document in pair_images[1:]
-    ]
-    logits = await guard.run(sequences, rows=dataclasses.replace(model.rows(RERANK), images=pair_grids))
-    return logits_to_scores(logits, raw=options.raw_scores)
-
-
-async def max_sim_with_images(
-    model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    server: Server,
-) -> np.ndarray:  # fmt: skip
-    """A multi-vector image retriever's scores (ColQwen2's): the query's token vectors' MaxSim against each
-    document's, on the device, the query run once a batch (as ColBERT's rerank); each laid out as the
-    model's processor lays it out (LateInteraction.layout), an image document's vision tokens in its own.
-    Texts are cut to what rerank reads of them (read_tokens), then to the model's lengths."""
-    late = model.late_interaction
-    if isinstance(query, ImageInput):
-        raise InvalidInput(
-            f"the query is an image: the model '{model.name}' embeds a query from its text (images are "
-            "documents)",
-            "query",
-        )
-    images = [item for item in items if isinstance(item, ImageInput)]
-    grids = iter(await decoded_images(model, images, guard, server.config.images))
-    query_tokens, document_tokens = read_tokens(model, options)
-    bound, before_after = model.encoder.bound, late.image_texts()
-    texts = [late.query_text(bound.cut(query, late.content_room(True)))]
-    for item in items:
-        if isinstance(item, str):
-            texts.append(late.document_text(bound.cut(item, min(document_tokens, late.content_room(False)))))
-        else:
-            texts.extend(before_after)
-    tokenizing = model.encoder.content_ids_off_loop(texts, guard, max(query_tokens, document_tokens))
-    ids = iter(await guard.tokenized(tokenizing))
-    query_ids, documents, document_images = late.query_ids(next(ids)), [], []
-    window = model.spec.max_seq_length
-    for index, item in enumerate(items):
-        grid = next(grids) if isinstance(item, ImageInput) else None
-        if grid is None:
-            documents.append(late.document_ids(next(ids)[:document_tokens]))
-        else:
-            documents.append([*next(ids), *vision_ids(model, grid), *next(ids)])
-            if len(documents[-1]) > window:
-                raise InvalidInput(
-                    f"documents[{index}] takes {len(documents[-1])} tokens, more than the model's window of "
-                    f"{window}",
-                    "documents",
-                )
-        document_images.append(grid)
-    rows = dataclasses.replace(model.rows(RERANK), prefix=query_ids, images=document_images)
-    max_sims = await guard.run(documents, rows=rows)
-    return max_sim_to_scores(max_sims[:, 0], len(query_ids), raw=options.raw_scores)
-
-
-def pair_entry(images: list[np.ndarray | None]) -> np.ndarray | tuple[np.ndarray, ...] | None:
-    """A sequence's image entry (RowRequest.images) of the images it holds, in order."""
-    given = tuple(image for image in images if image is not None)
-    return None if not given else given[0] if len(given) == 1 else given
 
 
 def read_tokens(model: ServedModel, options: RerankOptions) -> tuple[int, int]:

@@ -8,10 +8,8 @@ ran."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
 
 import numpy as np
 from litestar import Request, post
@@ -20,7 +18,7 @@ from litestar.di import NamedDependency
 from api.body import decode_body
 from api.config import DEFAULT_MAX_CHUNKS_PER_DOC
 from api.errors import InvalidInput
-from api.guard import RequestGuard
+from api.guard import RequestGuard, together
 from api.inputs import check_query, check_texts
 from api.models import RERANK
 from api.responses import EncodedJson, documented
@@ -55,7 +53,7 @@ async def score(request: Request, server: NamedDependency[Server]) -> EncodedJso
         for first, indexes in groups.items()
     ]
     scores = np.empty(len(pairs))
-    for indexes, group_scores in zip(groups.values(), await _together(calls)):
+    for indexes, group_scores in zip(groups.values(), await together(calls)):
         scores[indexes] = group_scores
     num_tokens = guard.num_tokens
     response = ScoreResponse(
@@ -105,16 +103,3 @@ def _pairs(
             names[1],
         )
     return list(zip(firsts, seconds))
-
-
-async def _together(calls: list[Awaitable[np.ndarray]]) -> list[np.ndarray]:
-    """The calls' results in order, run at once so that their sequences share batches; the first to fail
-    cancels the others (their queued work is dropped) and its error is raised."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -35,6 +35,23 @@ COLBERT_AI_DEFAULTS = {
 }
 
 
+# an image's vision tokens as a processor's prompt text spells them (Qwen2-VL's)
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorLayout:
+    """The text a multi-vector image retriever's processor makes of its inputs (transformers'
+    ColQwen2Processor, as colpali-engine's): a text (query or document alike) `query_prefix` + text +
+    `query_suffix` (its augmentation tokens and a newline); an image document `image_before` + the image's
+    vision tokens + `image_after`."""
+
+    query_prefix: str
+    query_suffix: str
+    image_before: str
+    image_after: str
+
+
 @dataclass(frozen=True, slots=True)
 class ColbertConfig:
     query_prefix_id: int | None  # inserted after the first special token; None: no marker
@@ -44,15 +61,16 @@ class ColbertConfig:
     expansion_token_id: int | None  # a query is padded to query_length with it; None: no expansion
     attend_to_expansion: bool  # the expansion tokens are keys too (else they only attend)
     skiplist_ids: frozenset[int]  # a document's tokens of these ids give no vector (punctuation)
-    # colbert-ai's `linear.weight` in the checkpoint, of this many outputs (None: PyLate's Dense modules)
+    # a projection in the checkpoint (colbert-ai's `linear.weight`, ColQwen2's `embedding_proj_layer`), of
+    # this many outputs (None: PyLate's Dense modules)
     linear_dim: int | None
     linear_name: str = "linear"  # the checkpoint's name of that projection
     linear_bias: bool = False
     # a wrapper's prefix of the backbone's weight names (ColQwen2's "vlm."); "": none
     wrapped_in: str = ""
-    # how scoring lays out its queries and documents as texts (scoring/late_interaction.TEXT_LAYOUTS), its
-    # image documents too where it has such a layout; None: as they are, with the markers above
-    text_layout: str | None = None
+    # the text its processor makes of a query, a text document and an image document (ColQwen2's); None:
+    # texts as they are, with the markers above
+    text_layout: ProcessorLayout | None = None
 
     @property
     def window(self) -> int:
@@ -141,15 +159,33 @@ def _prefix_id(name: str, tokenizer, prefix: str | None) -> int | None:
 
 
 # multi-vector image retrievers over a vision-language model: architecture -> (its projection's name, its
-# wrapper's prefix of the model's weights, scoring's text layout)
-MULTI_VECTOR_VISION = {"ColQwen2ForRetrieval": ("embedding_proj_layer", "vlm.", "colqwen2")}
+# wrapper's prefix of the model's weights)
+MULTI_VECTOR_VISION = {"ColQwen2ForRetrieval": ("embedding_proj_layer", "vlm.")}
+# transformers' ColQwen2Processor's defaults, where processor_config.json names none
+COLQWEN2_PROCESSOR = {
+    "query_prefix": "Query: ",
+    "visual_prompt_prefix": (
+        f"<|im_start|>user\n{IMAGE_PLACEHOLDER}Describe the image.<|im_end|><|endoftext|>"
+    ),
+}
+QUERY_AUGMENTATION = 10  # the processor's pad tokens after a query's text
 
 
-def read_multi_vector_vision(checkpoint_config: dict, architecture: str, hf_config: Any) -> ColbertConfig:
+def read_multi_vector_vision(
+    name: str, folder: Path, checkpoint_config: dict, architecture: str, hf_config: Any
+) -> ColbertConfig:
     """A ColQwen2's layout: every token of a query and of a document gives a vector (no markers, no
     expansion, no skiplist), through a projection with a bias to `embedding_dim`, each as long as the
-    model's window; its texts laid out by scoring (`text_layout`)."""
-    linear_name, wrapped_in, text_layout = MULTI_VECTOR_VISION[architecture]
+    model's window; its texts as its processor config lays them out (`text_layout`)."""
+    linear_name, wrapped_in = MULTI_VECTOR_VISION[architecture]
+    processor = {**COLQWEN2_PROCESSOR, **(read_json(folder / "processor_config.json") or {})}
+    image_prompt = processor["visual_prompt_prefix"]
+    if image_prompt.count(IMAGE_PLACEHOLDER) != 1:
+        raise UnsupportedModel(f"model {name!r}: its visual prompt does not hold {IMAGE_PLACEHOLDER} once")
+    # the processor pads a query with its tokenizer's pad token (Qwen2's end of text)
+    pad = special_tokens(folder).get("pad_token", "<|endoftext|>")
+    before, after = image_prompt.split(IMAGE_PLACEHOLDER)
+    layout = ProcessorLayout(processor["query_prefix"], pad * QUERY_AUGMENTATION + "\n", before, after)
     window = hf_config.get_text_config().max_position_embeddings
     return ColbertConfig(
         query_prefix_id=None,
@@ -163,7 +199,7 @@ def read_multi_vector_vision(checkpoint_config: dict, architecture: str, hf_conf
         linear_name=linear_name,
         linear_bias=True,
         wrapped_in=wrapped_in,
-        text_layout=text_layout,
+        text_layout=layout,
     )
 
 

@@ -32,7 +32,8 @@ class ImageLayout:
     rescale: float | None  # pixel values times this (1 / 255), None: kept
     mean: tuple[float, ...] | None  # then (x - mean) / std per channel, None: not normalized
     std: tuple[float, ...] | None
-    image_size: int | None  # the square the model's position table covers; None: any size (pixel_range)
+    # the square the model's position table covers; None: any size (pixel_range, max_num_patches)
+    image_size: int | None
     patch_size: int
     leading_tokens: int  # the model's own tokens before an image's patches (a class token)
     # Qwen2-VL's (min_pixels, max_pixels): resized, the aspect kept, to whole merge x merge groups of
@@ -63,7 +64,7 @@ class ImageLayout:
 
     @property
     def num_tokens(self) -> int:
-        """The tokens a fixed-size image takes in a batch."""
+        """The tokens a fixed-size image takes in a batch; a NaFlex image's most."""
         return self.leading_tokens + self.num_patches
 
     def tokens_of(self, grid: tuple[int, int]) -> int:

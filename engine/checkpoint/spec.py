@@ -80,8 +80,8 @@ class ModelSpec:
     # what the head says of the served model
     @property
     def longest_sequence(self) -> int:
-        """The longest sequence a batch may hold: the window, or a dual encoder's fixed-size image where
-        that is longer (CLIP ViT-B/16's 197 tokens against its texts' 77)."""
+        """The longest sequence a batch may hold: the window, or a dual encoder's image where that is longer
+        (CLIP ViT-B/16's 197 tokens against its texts' 77; a NaFlex image's most)."""
         images = self.images
         if images is None or (images.image_size is None and images.max_num_patches is None):
             return self.max_seq_length

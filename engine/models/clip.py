@@ -138,7 +138,9 @@ class DualEncoderConfig:
                 raise UnsupportedModel(
                     f"{hf_config.model_type}: a position table of {num_patches}, not a square"
                 )
-        elif image_size is None or image_size % vision.patch_size:
+        elif image_size is None:
+            raise UnsupportedModel(f"{hf_config.model_type}: a vision tower without an image size")
+        elif image_size % vision.patch_size:
             raise UnsupportedModel(f"{hf_config.model_type}: image_size is not a multiple of patch_size")
         else:
             num_patches = (image_size // vision.patch_size) ** 2

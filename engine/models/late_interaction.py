@@ -37,11 +37,11 @@ if TYPE_CHECKING:
 
 
 class TokenEmbedder(Head):
-    """Every token's final hidden state through the projection (PyLate's Dense modules, or colbert-ai's
-    `linear`), L2-normalized, float32: a row a token. Which rows a caller keeps (a document's
-    punctuation is dropped) is the caller's; `query_only_token` is the token whose trailing run in a
-    sequence attends without being a key (a query's expansion, engine/batch.pack); a request's prefix is
-    a query its sequences are scored against (max_sim)."""
+    """Every token's final hidden state through the projection (PyLate's Dense modules, colbert-ai's
+    `linear`, ColQwen2's `embedding_proj_layer`), L2-normalized, float32: a row a token. Which rows a
+    caller keeps (a document's punctuation is dropped) is the caller's; `query_only_token` is the token
+    whose trailing run in a sequence attends without being a key (a query's expansion, engine/batch.pack);
+    a request's prefix is a query its sequences are scored against (max_sim)."""
 
     def __init__(
         self,
@@ -147,8 +147,9 @@ def detect_colbert(checkpoint: Checkpoint) -> ColbertSpec | None:
     if checkpoint.architecture in MULTI_VECTOR_VISION:
         if hf_config.model_type != "qwen2_vl":
             raise UnsupportedModel(f"model {name!r}: {checkpoint.architecture} over {hf_config.model_type}")
-        own = read_json(checkpoint.transformer_dir / "config.json")
-        colbert = read_multi_vector_vision(own, checkpoint.architecture, hf_config)
+        folder = checkpoint.transformer_dir
+        own = read_json(folder / "config.json")
+        colbert = read_multi_vector_vision(name, folder, own, checkpoint.architecture, hf_config)
         hidden = hf_config.get_text_config().hidden_size
         dense = colbert_projection(name, checkpoint.folder, None, hidden, colbert)
         return ColbertSpec(dense=dense, colbert=colbert)

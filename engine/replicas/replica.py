@@ -263,11 +263,12 @@ class _Connection:
         images = None
         if run.image_words:
             start = types_end + run.prefix_tokens + run.span_words
+            stop = start + run.image_words
             counts = data[start : start + run.num_seqs].tolist()  # each sequence's images
             start += run.num_seqs
             grids = data[start : start + 2 * sum(counts)].reshape(-1, 2).tolist()
             ends = list(itertools.accumulate((rows * columns for rows, columns in grids), initial=0))
-            pixels = data[start + 2 * len(grids) : start + run.image_words].view(np.uint8)
+            pixels = data[start + 2 * len(grids) : stop].view(np.uint8)
             pixels = pixels[: ends[-1] * run.patch_dim].reshape(-1, run.patch_dim) if run.patch_dim else None
             grid_images = [
                 pixels[begin:end].reshape(*grid, -1) for begin, end, grid in zip(ends, ends[1:], grids)

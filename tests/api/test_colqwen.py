@@ -27,7 +27,7 @@ QUERY_LAYOUT = "Query: {}" + "<|endoftext|>" * 10 + "\n"
 IMAGE_LAYOUT = "<|im_start|>user\n{}Describe the image.<|im_end|><|endoftext|>"
 
 
-def reference_vectors(model, projection, folder, items) -> list[np.ndarray]:
+def reference_vectors(model, projection, folder, items, query_layout=QUERY_LAYOUT) -> list[np.ndarray]:
     """colpali-engine's token vectors of each item, a text laid out as a query, a PNG as an image document:
     Qwen2-VL's last hidden states (its M-RoPE positions from the image's grid), projected, normalized."""
     from tokenizers import Tokenizer
@@ -39,7 +39,7 @@ def reference_vectors(model, projection, folder, items) -> list[np.ndarray]:
     for item in items:
         inputs = {}
         if isinstance(item, str):
-            text = QUERY_LAYOUT.format(item)
+            text = query_layout.format(item)
         else:
             pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
             inputs = {"pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"]}
@@ -59,8 +59,13 @@ def max_sim(query: np.ndarray, document: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    folder, model, projection = colqwen2_checkpoint(tmp_path_factory.mktemp("colqwen") / "colqwen")
+def checkpoint(tmp_path_factory):
+    return colqwen2_checkpoint(tmp_path_factory.mktemp("colqwen") / "colqwen")
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    folder, model, projection = checkpoint
     config = ServerConfig(models=(str(folder),), served_model_names=(("colqwen",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, lambda items: reference_vectors(model, projection, folder, items)
@@ -117,8 +122,63 @@ def test_token_vectors_of_image_documents_and_texts(served):
     assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
 
 
+def test_a_bulk_job_lays_texts_out_as_the_server_does(checkpoint, tmp_path):
+    """posy embed's token vectors of queries are the processor's layout of them, as the server's are."""
+    import asyncio
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from api.bulk import job
+    from api.bulk.config import JobConfig
+    from api.bulk.output import read_output
+    from api.config import EngineFlags
+    from engine.checkpoint.source import ModelSource
+
+    folder, model, projection = checkpoint
+    pq.write_table(pa.table({"text": [QUERY, TEXTS[0]]}), tmp_path / "in.parquet")
+    config = JobConfig(
+        str(tmp_path / "in.parquet"), str(tmp_path / "out"), ModelSource(str(folder)),
+        engine=EngineFlags("cpu", "float32"), input_type="query",
+    )  # fmt: skip
+    assert asyncio.run(job.run_job(config)).rows == 2
+    written = read_output(str(tmp_path / "out")).column("embedding").to_pylist()
+    expected = reference_vectors(model, projection, folder, [QUERY, TEXTS[0]])
+    for vectors, one in zip(written, expected):
+        np.testing.assert_allclose(np.array(vectors), one, atol=TOLERANCE, rtol=0)
+
+
+def test_the_processor_configs_prefixes_lay_texts_out(tmp_path):
+    """A processor_config.json's query_prefix (as transformers' ColQwen2Processor reads it) lays texts out;
+    one whose visual prompt has no image is refused at start."""
+    import json
+
+    from engine.checkpoint.resolve import resolve_model
+    from engine.errors import UnsupportedModel
+
+    folder, model, projection = colqwen2_checkpoint(tmp_path / "colqwen")
+    (folder / "processor_config.json").write_text(json.dumps({"query_prefix": "Question: "}))
+    layout = "Question: {}" + "<|endoftext|>" * 10 + "\n"
+    expected = reference_vectors(model, projection, folder, [QUERY], query_layout=layout)
+    config = ServerConfig(models=(str(folder),), served_model_names=(("colqwen",),))
+    with TestClient(create_app(config)) as client:
+        body = {"model": "colqwen", "input": [QUERY], "task": "token_embed", "input_type": "query"}
+        response = client.post("/pooling", json=body)
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(
+        np.array(response.json()["data"][0]["data"]), expected[0], atol=TOLERANCE, rtol=0
+    )
+    (folder / "processor_config.json").write_text(json.dumps({"visual_prompt_prefix": "Describe it."}))
+    with pytest.raises(UnsupportedModel, match="visual prompt"):
+        resolve_model(str(folder))
+
+
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
     client, _ = served
+    part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
+    body = {"model": "colqwen", "input": [part], "task": "token_embed", "input_type": "query"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 400 and "input_type asks for queries" in response.text, response.text
     query = {"image": data_uri(IMAGES[0])}
     response = client.post("/v2/rerank", json={"model": "colqwen", "query": query, "documents": TEXTS})
     assert response.status_code == 400, response.text

@@ -233,7 +233,7 @@ def test_image_decoding_behind_a_busy_queue_is_refused_before_it_waits():
     async def scenario():
         held = asyncio.ensure_future(pool.map(lambda part, first: release.wait(10), ["x" * 2000]))
         await asyncio.sleep(0.05)  # another request's 2 s of images hold the one thread
-        layout = SimpleNamespace(image_size=None, num_tokens=0)
+        layout = SimpleNamespace(image_size=None, max_num_patches=None, num_tokens=0)
         model = SimpleNamespace(spec=SimpleNamespace(images=layout), image_pool=pool)
         images = [ImageInput("y" * 100, "input[0]")]
         try:

@@ -84,6 +84,12 @@ def test_an_image_and_a_text_fused_into_one_vector(served):
     np.testing.assert_allclose(
         response.json()["embeddings"]["float"], expected[[4, 2]], atol=TOLERANCE, rtol=0
     )
+    # a text part may not spell the image placeholder (no image would fill it): a 400 naming the input
+    spelled = {"content": [image, {"type": "text", "text": "a <|image_pad|> cat"}]}
+    response = client.post("/v2/embed", json={**body, "inputs": [spelled]})
+    assert response.status_code == 400 and "inputs[0] holds a token" in response.json()["message"], (
+        response.text
+    )
     # several images among its texts, each where it stands
     parts = [
         {"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}},
@@ -146,6 +152,19 @@ def test_a_prompt_is_the_system_turn_of_texts_and_images(tmp_path, kind):
         np.testing.assert_allclose(response.json(), expected[:1], atol=TOLERANCE, rtol=0)
         response = client.post("/v1/embeddings", json={"model": "gme", "input": [TEXTS[0], image]})
         np.testing.assert_allclose(vectors(response.json()), plain, atol=TOLERANCE, rtol=0)
+        # TEI's rerank and vLLM's score lay texts out as /v2/rerank does
+        body = {"model": "gme", "query": TEXTS[0], "documents": TEXTS}
+        v2 = client.post("/v2/rerank", json=body).json()["results"]
+        v2 = [score for _, score in sorted((item["index"], item["relevance_score"]) for item in v2)]
+        assert v2[0] == pytest.approx((1 + expected[0] @ plain[0]) / 2, abs=TOLERANCE)
+        tei = client.post("/rerank", json={"query": TEXTS[0], "texts": TEXTS}).json()
+        np.testing.assert_allclose(
+            [item["score"] for item in sorted(tei, key=lambda item: item["index"])], v2
+        )
+        score = client.post("/score", json={"model": "gme", "text_1": TEXTS[0], "text_2": TEXTS}).json()
+        np.testing.assert_allclose(
+            [item["score"] for item in score["data"]], [2 * one - 1 for one in v2], atol=1e-6
+        )
         # rerank: the query in its prompt's turn, each document in the document prompt's (none: the default)
         response = client.post(
             "/v2/rerank",

@@ -124,6 +124,25 @@ def test_an_image_query_against_image_documents(served):
     np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
 
 
+def test_texts_beside_an_image_that_spell_its_tokens_are_400s(served):
+    """A text that shares a pair with an image may not spell the model's vision tokens (they would be
+    placeholders no image fills), nor may an instruction hold the mark the server lays images out by;
+    each a 400 naming it, and the server ranks on."""
+    client, reference = served
+    image = {"image": data_uri(IMAGES[0])}
+    cases = [
+        ({"query": "a cat <|image_pad|>", "documents": [image]}, "query holds a token"),
+        ({"query": QUERY, "documents": [image, "a <|vision_start|> dog"]}, "documents[1] holds a token"),
+        ({"query": image, "documents": TEXTS, "instruction": "find \x00posy-image\x00 it"}, "instruction"),
+    ]
+    for body, needle in cases:
+        response = client.post("/v2/rerank", json={"model": "judge", **body})
+        assert response.status_code == 400, response.text
+        assert needle in response.json()["message"], response.text
+    response = client.post("/v2/rerank", json={"model": "judge", "query": QUERY, "documents": [image]})
+    np.testing.assert_allclose(scores_of(response), reference([(QUERY, IMAGES[0])]), atol=TOLERANCE, rtol=0)
+
+
 def test_a_qwen3_vl_checkpoint_without_a_ranking_card_embeds(tmp_path):
     folder, _ = qwen3_vl_judge_checkpoint(tmp_path / "judge", tied=False)
     assert resolve_model(str(folder)).task == "score"
