@@ -290,14 +290,25 @@ EMBEDDER_LAYOUTS = {
 }
 
 
+def image_part(processor, data: bytes, inputs: dict) -> str:
+    """A PNG as a Qwen2-VL processor gives it to the model: its pixels and grid appended to `inputs`'
+    (after any image before it in the text), and its vision tokens' text, a placeholder a merged patch."""
+    import io
+
+    from PIL import Image
+
+    pixels = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+    for key in ("pixel_values", "image_grid_thw"):
+        inputs[key] = torch.cat([inputs[key], pixels[key]]) if key in inputs else pixels[key]
+    pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
+    return f"<|vision_start|>{pads}<|vision_end|>"
+
+
 def embedder_vectors(model, folder: Path, layout: str, texts=(), images=(), fused=()):
     """transformers' normalized last-token rows of `layout` (EMBEDDER_LAYOUTS) around each text, each PNG
     (its processor's pixels and grid, a placeholder for each merged patch) and each tuple of PNGs and
     texts of `fused` (its parts in order, in one user turn), in that order."""
-    import io
-
     import torch.nn.functional as F
-    from PIL import Image
     from tokenizers import Tokenizer
     from transformers import AutoImageProcessor
 
@@ -305,18 +316,9 @@ def embedder_vectors(model, folder: Path, layout: str, texts=(), images=(), fuse
     processor = AutoImageProcessor.from_pretrained(folder)
     inputs = [{"text": layout.format(text)} for text in texts]
     for parts in [*((data,) for data in images), *fused]:
-        one: dict = {"text": ""}
-        for part in parts:
-            if isinstance(part, str):
-                one["text"] += part
-                continue
-            pixels = processor(images=[Image.open(io.BytesIO(part))], return_tensors="pt")
-            for key in ("pixel_values", "image_grid_thw"):
-                one[key] = torch.cat([one[key], pixels[key]]) if key in one else pixels[key]
-            pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
-            one["text"] += f"<|vision_start|>{pads}<|vision_end|>"
-        one["text"] = layout.format(one["text"])
-        inputs.append(one)
+        one: dict = {}
+        text = "".join(part if isinstance(part, str) else image_part(processor, part, one) for part in parts)
+        inputs.append({"text": layout.format(text), **one})
     rows = []
     for one in inputs:
         ids = torch.tensor([tokenizer.encode(one.pop("text"), add_special_tokens=False).ids])

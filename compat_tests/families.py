@@ -923,7 +923,8 @@ GEMMA3_CROSS_ENCODER = Family(
 
 # the families every generic test runs over; add a family's entry here to have it checked end to end
 def build_dual_encoder(folder: Path, kind: str) -> nn.Module:
-    """A tiny random CLIP or SigLIP (benchmarks/image_checkpoints.py), with its tokenizer and processor."""
+    """A tiny random CLIP, SigLIP or SigLIP2 NaFlex (benchmarks/image_checkpoints.py), with its tokenizer
+    and processor."""
     from benchmarks.image_checkpoints import dual_encoder_checkpoint
 
     return dual_encoder_checkpoint(folder, kind)[1]
@@ -944,7 +945,11 @@ CLIP = Family(
 SIGLIP = Family(
     "tiny-siglip", "google/siglip-base-patch16-224", partial(build_dual_encoder, kind="siglip"), text_features
 )
-DUAL_ENCODERS = [CLIP, SIGLIP]
+SIGLIP2 = Family(
+    "tiny-siglip2", "google/siglip2-base-patch16-naflex", partial(build_dual_encoder, kind="siglip2"),
+    text_features,
+)  # fmt: skip
+DUAL_ENCODERS = [CLIP, SIGLIP, SIGLIP2]
 
 
 def build_vision_language(folder: Path, kind: str) -> nn.Module:

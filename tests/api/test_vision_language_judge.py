@@ -8,17 +8,14 @@ in one string with its own image processor; texts, an instruction, image documen
 image documents too), a document whose first character would join the seam; vLLM's /score; a Qwen3-VL
 checkpoint whose card says nothing of ranking embeds."""
 
-import io
-
 import numpy as np
 import pytest
 import torch
 from litestar.testing import TestClient
-from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import qwen3_vl_judge_checkpoint
+from benchmarks.image_checkpoints import image_part, qwen3_vl_judge_checkpoint
 from engine.checkpoint.resolve import resolve_model
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
 
@@ -45,13 +42,7 @@ def reference_scores(model, folder, pairs, instruction=DEFAULT_INSTRUCTION) -> n
     scores = []
 
     def part(item, inputs: dict) -> str:
-        if isinstance(item, str):
-            return item
-        pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
-        for key in ("pixel_values", "image_grid_thw"):  # an image query's, then an image document's
-            inputs[key] = torch.cat([inputs[key], pixels[key]]) if key in inputs else pixels[key]
-        pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
-        return f"<|vision_start|>{pads}<|vision_end|>"
+        return item if isinstance(item, str) else image_part(processor, item, inputs)
 
     for query, document in pairs:
         inputs = {}

@@ -5,17 +5,14 @@ image's vision tokens where its text would be, scored sigmoid(logit - 2.65), wit
 Qwen2VLModel and the MLP on that layout with its own image processor; texts alone, image documents, an
 image query, and an image query against image documents (two images in a pair)."""
 
-import io
-
 import numpy as np
 import pytest
 import torch
 from litestar.testing import TestClient
-from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import jina_ranker_checkpoint
+from benchmarks.image_checkpoints import image_part, jina_ranker_checkpoint
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
 
 TOLERANCE = 1e-5
@@ -35,13 +32,7 @@ def reference_scores(model, score, folder, pairs) -> np.ndarray:
     scores = []
 
     def part(item, inputs: dict) -> str:
-        if isinstance(item, str):
-            return item
-        pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
-        for key in ("pixel_values", "image_grid_thw"):  # an image query's, then an image document's
-            inputs[key] = torch.cat([inputs[key], pixels[key]]) if key in inputs else pixels[key]
-        pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
-        return f"<|vision_start|>{pads}<|vision_end|>"
+        return item if isinstance(item, str) else image_part(processor, item, inputs)
 
     for query, document in pairs:
         inputs = {}
