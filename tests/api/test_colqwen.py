@@ -19,6 +19,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from benchmarks.image_checkpoints import colqwen2_checkpoint
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
+from tests.api.test_vision_language_ranker import scores_of
 
 TOLERANCE = 1e-5
 QUERY = "a photo of a cat"
@@ -69,12 +70,6 @@ def served(checkpoint):
     config = ServerConfig(models=(str(folder),), served_model_names=(("colqwen",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, lambda items: reference_vectors(model, projection, folder, items)
-
-
-def scores_of(response) -> list[float]:
-    assert response.status_code == 200, response.text
-    got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
-    return [got[index] for index in range(len(got))]
 
 
 def test_rerank_by_max_sim_against_images_and_texts(served):

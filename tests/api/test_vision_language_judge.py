@@ -18,6 +18,7 @@ from api.config import ServerConfig
 from benchmarks.image_checkpoints import image_part, qwen3_vl_judge_checkpoint
 from engine.checkpoint.resolve import resolve_model
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
+from tests.api.test_vision_language_ranker import scores_of
 
 TOLERANCE = 1e-5
 QUERY = "a photo of a cat"
@@ -63,12 +64,6 @@ def served(request, tmp_path_factory):
     config = ServerConfig(models=(str(folder),), served_model_names=(("judge",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, lambda pairs, **kwargs: reference_scores(model, folder, pairs, **kwargs)
-
-
-def scores_of(response) -> list[float]:
-    assert response.status_code == 200, response.text
-    got = {result["index"]: result["relevance_score"] for result in response.json()["results"]}
-    return [got[index] for index in range(len(got))]
 
 
 def test_texts_judged_as_qwen3_vl_reranker_lays_them_out(served):

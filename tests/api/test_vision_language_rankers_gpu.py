@@ -73,5 +73,5 @@ def test_rankers_in_bf16_match_fp32(tmp_path, kind):
             expected = reference(pairs)
             for _ in range(3):  # eagerly, then captured, then replayed (texts)
                 response = client.post("/v2/rerank", json={"model": "ranker", **body})
-                got = judge.scores_of(response)
+                got = jina.scores_of(response)
                 np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
