@@ -13,7 +13,7 @@ from engine.interface import EngineInterface
 from engine.outputs import CLASSIFY, EMBED, RERANK, SPARSE_EMBED, TOKEN_EMBED, RowRequest
 from scoring.late_interaction import LateInteraction
 from scoring.listwise import ListwiseModel, ListwisePrompt, passage_tokens
-from scoring.rerank import RerankModel
+from scoring.rerank import RerankModel, document_lead
 from scoring.templates import TextPrompts
 
 SCORE = "score"  # vLLM's /score: a pair's relevance, from whatever ranks
@@ -82,6 +82,7 @@ class ServedModel:
             )
         else:
             prompts = TextPrompts()
+        lead = document_lead(prompts)
         return RerankModel(
             engine=self.engine,
             rows=self.rows(RERANK),
@@ -91,6 +92,7 @@ class ServedModel:
             cross_encoder=spec.task == "score",
             prompts=prompts,
             late_interaction=self.late_interaction,
+            document_lead=tuple(self.encoder.content_ids([lead])[0]) if lead else (),
         )
 
 

@@ -8,12 +8,21 @@ import numpy as np
 
 
 def split_into_chunks(
-    ids: Sequence[int], chunk_len: int, max_chunks: int | None = None
+    ids: Sequence[int], chunk_len: int, max_chunks: int | None = None, lead: Sequence[int] = ()
 ) -> list[Sequence[int]]:
-    """Consecutive windows of at most `chunk_len` tokens; an empty document is one empty chunk."""
+    """Consecutive windows of at most `chunk_len` tokens; an empty document is one empty chunk. `lead`:
+    the tokens a document's text starts with (its prompt, a template's ">:"); every chunk after the first
+    starts with them too, as the first does, where they leave room for a token of the document."""
     if chunk_len < 1:
         raise ValueError("chunk_len must be at least 1")
-    chunks = [ids[start : start + chunk_len] for start in range(0, len(ids), chunk_len)] or [ids[:0]]
+    if chunk_len <= len(lead):
+        lead = ()
+    step = chunk_len - len(lead)  # the first chunk holds its lead already
+    starts = range(chunk_len, len(ids), step)
+    chunks = [
+        ids[:chunk_len],
+        *([*lead, *ids[start : start + step]] if lead else ids[start : start + step] for start in starts),
+    ]
     return chunks[:max_chunks] if max_chunks is not None else chunks
 
 

@@ -13,7 +13,7 @@ from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores, max_sim_to_scores
 from scoring.late_interaction import LateInteraction
-from scoring.templates import PairPrompt, PairTemplate, SingleTemplate, TextPrompts
+from scoring.templates import DOCUMENT_MARK, PairPrompt, PairTemplate, SingleTemplate, TextPrompts
 
 MAX_CHUNKS_PER_REQUEST = 10_000
 
@@ -31,10 +31,18 @@ class RerankModel:
     # a ColBERT model: MaxSim of the query's token vectors against each chunk's
     late_interaction: LateInteraction | None = None
     rows: RowRequest = ALL_ROWS  # what its rerank asks of the engine's rows (bge-m3's: dense vectors)
+    # the tokens of document_lead(prompts): a long document's every chunk starts with them
+    document_lead: Sequence[int] = ()
 
     def texts(self, query: str, documents: Sequence[str], instruction: str | None) -> list[str]:
         """[query text, *document texts], to tokenize without special tokens."""
         return [self.prompts.query_text(query, instruction), *map(self.prompts.document_text, documents)]
+
+
+def document_lead(prompts: TextPrompts | PairPrompt | LateInteraction) -> str:
+    """The text a document's laid-out text starts with (an embedding model's document prompt, a judge's
+    ">:"), less trailing whitespace; "" where none or only whitespace."""
+    return prompts.document_text(DOCUMENT_MARK).split(DOCUMENT_MARK)[0].rstrip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +74,7 @@ async def rerank_scores(
     for index, ids in enumerate(docs_ids):
         if options.max_tokens_per_doc is not None:
             ids = ids[: options.max_tokens_per_doc]
-        doc_chunks = split_into_chunks(ids, chunk_len, options.max_chunks_per_doc)
+        doc_chunks = split_into_chunks(ids, chunk_len, options.max_chunks_per_doc, model.document_lead)
         chunks.extend(doc_chunks)
         owners.extend([index] * len(doc_chunks))
         if len(chunks) > MAX_CHUNKS_PER_REQUEST:

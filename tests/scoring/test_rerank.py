@@ -10,8 +10,8 @@ from engine.prefixes import prefix_pays
 from scoring.chunking import max_over_chunks, split_into_chunks
 from scoring.errors import QueryTooLong, TooManyChunks
 from scoring.heads import cosine_to_scores, logits_to_scores
-from scoring.rerank import RerankModel, RerankOptions, rerank_scores
-from scoring.templates import PairTemplate, Piece, SingleTemplate
+from scoring.rerank import RerankModel, RerankOptions, document_lead, rerank_scores
+from scoring.templates import QWEN3_JUDGE, QWEN3_VL_JUDGE, PairTemplate, Piece, SingleTemplate, TextPrompts
 
 CLS, SEP = 101, 102
 SINGLE = SingleTemplate(Piece((CLS,), (0,)), Piece((SEP,), (0,)))
@@ -22,6 +22,22 @@ def test_split_into_chunks():
     assert split_into_chunks(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert split_into_chunks(list(range(7)), 3, max_chunks=2) == [[0, 1, 2], [3, 4, 5]]
     assert split_into_chunks([], 3) == [[]]
+    # a document's lead (its prompt's tokens, 8 9 here) starts each chunk after the first too
+    assert split_into_chunks([8, 9, 1, 2, 3, 4], 4, lead=(8, 9)) == [[8, 9, 1, 2], [8, 9, 3, 4]]
+    assert split_into_chunks([8, 9, 1, 2, 3, 4, 5], 4, max_chunks=2, lead=(8, 9)) == [
+        [8, 9, 1, 2],
+        [8, 9, 3, 4],
+    ]
+    assert split_into_chunks([8, 9, 1], 4, lead=(8, 9)) == [[8, 9, 1]]
+    # a lead that leaves no room for the document's tokens is not repeated
+    assert split_into_chunks([8, 9, 1, 2, 3], 2, lead=(8, 9)) == [[8, 9], [1, 2], [3]]
+
+
+def test_a_documents_lead_is_its_laid_out_text_before_it():
+    assert document_lead(TextPrompts("query: ", "passage: ")) == "passage:"
+    assert document_lead(TextPrompts()) == ""
+    assert document_lead(QWEN3_VL_JUDGE) == ">:"
+    assert document_lead(QWEN3_JUDGE) == ""  # a space: the document's first word starts with it
 
 
 def test_max_over_chunks():
@@ -81,6 +97,17 @@ def test_embedding_rerank_finds_the_relevant_passage_at_the_end_of_a_long_docume
     assert int(np.argmax(scores)) == 1 and scores[1] == pytest.approx(1.0)
     # every sequence sent fits the window with its specials
     assert max(len(ids) for ids in engine.calls[0]) <= 10
+
+
+def test_every_chunk_of_a_long_document_starts_with_its_prompt():
+    engine = KeywordEmbedder()
+    model = RerankModel(
+        engine, window=10, single=SINGLE, pair=PAIR, cross_encoder=False, document_lead=(5, 6)
+    )
+    asyncio.run(rerank_scores(model, [7], [[5, 6, *range(20, 40)]], RerankOptions()))
+    chunks = engine.calls[0][1:]
+    assert len(chunks) == 4 and all(ids[:3] == [CLS, 5, 6] and len(ids) <= 10 for ids in chunks)
+    assert [token for ids in chunks for token in ids[3:-1]] == list(range(20, 40))
 
 
 def test_cross_encoder_chunks_leave_room_for_the_query_and_specials():
