@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from engine.checkpoint.files import model_card_pipeline_tag, ties_word_embeddings
@@ -27,10 +28,19 @@ LAYOUT = ClassifierLayout(
 )
 JUDGE_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 
+logger = logging.getLogger(__name__)
+
 
 def detect_vision_language_ranker(checkpoint: Checkpoint) -> HeadSpec | None:
     if checkpoint.architecture == JUDGE_ARCHITECTURE:
-        if model_card_pipeline_tag(checkpoint.folder) != "text-ranking":
+        tag = model_card_pipeline_tag(checkpoint.folder)
+        if tag is None:  # the two share their config: only the card tells them apart
+            logger.warning(
+                "%s: no model card names its task; served as an embedder (Qwen3-VL-Embedding). A "
+                "Qwen3-VL-Reranker is served as one with its README.md (pipeline_tag: text-ranking)",
+                checkpoint.name,
+            )
+        if tag != "text-ranking":
             return None  # an embedder (Qwen3-VL-Embedding) or a chat model
         tied = ties_word_embeddings(checkpoint.hf_config)
         return JudgeSpec(num_labels=2, pooling="last", tied=tied, pair_format="qwen3-vl-judge")

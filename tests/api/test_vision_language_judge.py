@@ -134,3 +134,11 @@ def test_a_qwen3_vl_checkpoint_without_a_ranking_card_embeds(tmp_path):
     assert resolve_model(str(folder)).task == "score"
     (folder / "README.md").write_text("---\npipeline_tag: feature-extraction\n---\n# An embedder\n")
     assert resolve_model(str(folder)).task == "embed"
+
+
+def test_a_qwen3_vl_checkpoint_without_a_card_embeds_and_says_so(tmp_path, caplog):
+    folder, _ = qwen3_vl_judge_checkpoint(tmp_path / "judge", tied=False)
+    (folder / "README.md").unlink()
+    with caplog.at_level("WARNING"):
+        assert resolve_model(str(folder)).task == "embed"
+    assert "pipeline_tag: text-ranking" in caplog.text
