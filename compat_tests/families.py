@@ -417,12 +417,13 @@ def build_distilroberta(folder: Path) -> nn.Module:
 def decoder_config(config_name: str, architecture: str, tokenizer: Tokenizer, **overrides):
     import transformers
 
-    return getattr(transformers, config_name)(
+    settings = dict(
         vocab_size=tokenizer.get_vocab_size(), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=24, intermediate_size=96, max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-6, pad_token_id=tokenizer.token_to_id("<|endoftext|>"), num_labels=1,
-        architectures=[architecture], **overrides,
+        architectures=[architecture],
     )  # fmt: skip
+    return getattr(transformers, config_name)(**{**settings, **overrides})
 
 
 def build_gte_qwen2(folder: Path) -> nn.Module:
@@ -870,7 +871,7 @@ GTE_QWEN2 = Family(
     "tiny-gte-qwen2", "Alibaba-NLP/gte-Qwen2-1.5B-instruct", build_gte_qwen2, last_token_vector
 )
 E5_MISTRAL = Family("tiny-e5-mistral", "intfloat/e5-mistral-7b-instruct", build_e5_mistral, last_token_vector)
-QWEN2_CROSS_ENCODER, QWEN3_CROSS_ENCODER, LLAMA_CROSS_ENCODER, MISTRAL_CROSS_ENCODER = (
+QWEN2_CROSS_ENCODER, QWEN3_CROSS_ENCODER, LLAMA_CROSS_ENCODER, MISTRAL_CROSS_ENCODER, GEMMA_CROSS_ENCODER = (
     Family(
         f"tiny-{name}-cross-encoder", f"a {architecture} reranker",
         partial(build_decoder_cross_encoder, config_name=config_name, architecture=architecture, **overrides),
@@ -881,6 +882,7 @@ QWEN2_CROSS_ENCODER, QWEN3_CROSS_ENCODER, LLAMA_CROSS_ENCODER, MISTRAL_CROSS_ENC
         ("qwen3", "Qwen3Config", "Qwen3ForSequenceClassification", {}),
         ("llama", "LlamaConfig", "LlamaForSequenceClassification", dict(attention_bias=True, mlp_bias=True)),
         ("mistral", "MistralConfig", "MistralForSequenceClassification", {"sliding_window": MAX_POSITIONS}),
+        ("gemma", "GemmaConfig", "GemmaForSequenceClassification", {"num_key_value_heads": 1}),
     ]
 )  # fmt: skip
 # sentence-transformers' own CrossEncoder is the reference: it renders the chat template itself
@@ -993,6 +995,7 @@ CROSS_ENCODERS = [
     QWEN3_CROSS_ENCODER,
     LLAMA_CROSS_ENCODER,
     MISTRAL_CROSS_ENCODER,
+    GEMMA_CROSS_ENCODER,
     DEBERTA_CROSS_ENCODER,
     GEMMA3_CROSS_ENCODER,
     MPNET_CROSS_ENCODER,

@@ -1,6 +1,6 @@
-"""Packed decoders (Qwen3, Qwen2, Llama, Mistral, Gemma3): a Backbone, causal (Qwen3-Embedding, gte-Qwen2,
-e5-mistral, Qwen3-Reranker's judge) or bidirectional (pplx-embed style, EmbeddingGemma), each variant a
-record of switches."""
+"""Packed decoders (Qwen3, Qwen2, Llama, Mistral, Gemma, Gemma3): a Backbone, causal (Qwen3-Embedding,
+gte-Qwen2, e5-mistral, Qwen3-Reranker's judge) or bidirectional (pplx-embed style, EmbeddingGemma), each
+variant a record of switches."""
 
 from __future__ import annotations
 
@@ -66,6 +66,16 @@ GEMMA3 = DecoderVariant(
     embed_scale=True,
     attention_scale="query_pre_attn_scalar",
     layer_types=True,
+    bidirectional="use_bidirectional_attention",
+    float16=False,
+)
+# Gemma (1): Gemma3's norms and embedding scale, without its query/key norms, sandwich norms or layer types
+GEMMA = DecoderVariant(
+    qk_norm=False,
+    qkv_bias="attention_bias",
+    out_bias="attention_bias",
+    norm_offset=True,
+    embed_scale=True,
     bidirectional="use_bidirectional_attention",
     float16=False,
 )

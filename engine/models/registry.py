@@ -87,9 +87,9 @@ QWEN3 = Family(
 # gte-Qwen2, e5-mistral, SFR-Embedding and the like: causal, last token (as their sentence-transformers
 # files say), and bidirectional where their config or --bidirectional asks
 DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, can_be_bidirectional=True)
-# Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention says, so
-# mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
-GEMMA3 = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
+# Gemma and Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention
+# says, so mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
+GEMMA = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 # CLIP, SigLIP and SigLIP2: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
 # Qwen2-VL and Qwen3-VL: a decoder over texts that hold images (engine/models/vision_language.py), last token
@@ -122,7 +122,8 @@ MODEL_TYPES: dict[str, ModelType] = {
     "qwen2": ModelType(DECODER, "Qwen2Model", decoder.QWEN2),
     "llama": ModelType(DECODER, "LlamaModel", decoder.LLAMA),
     "mistral": ModelType(DECODER, "MistralModel", decoder.MISTRAL),
-    "gemma3_text": ModelType(GEMMA3, "Gemma3TextModel", decoder.GEMMA3),
+    "gemma": ModelType(GEMMA, "GemmaModel", decoder.GEMMA),
+    "gemma3_text": ModelType(GEMMA, "Gemma3TextModel", decoder.GEMMA3),
     "clip": ModelType(DUAL_ENCODER, "CLIPModel", clip.CLIP),
     "siglip": ModelType(DUAL_ENCODER, "SiglipModel", clip.SIGLIP),
     "siglip2": ModelType(DUAL_ENCODER, "Siglip2Model", clip.SIGLIP2),

@@ -1,5 +1,5 @@
-"""Tiny random Qwen2, Llama and Mistral vs transformers, fp32 on the CPU: the causal last-token embedder
-(gte-Qwen2, e5-mistral, SFR-Embedding) with each variant's biases (Qwen2's on q, k and v; Llama's
+"""Tiny random Qwen2, Llama, Mistral and Gemma vs transformers, fp32 on the CPU: the causal last-token
+embedder (gte-Qwen2, e5-mistral, SFR-Embedding) with each variant's biases (Qwen2's on q, k and v; Llama's
 attention_bias and mlp_bias), bidirectional on request, batch invariance, strict loading, Mistral's
 sliding window bounding the window; and the decoder rerank heads (*ForSequenceClassification, Qwen3's
 too), a Qwen3-Reranker conversion keeping the judge's prompt."""
@@ -28,11 +28,14 @@ VARIANTS = {
     "Qwen2Model": ("Qwen2Config", {}),
     "LlamaModel": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "MistralModel": ("MistralConfig", {"sliding_window": 48}),
+    # Gemma's (1 + weight) norms and scaled embeddings, multi-query attention (one key/value head)
+    "GemmaModel": ("GemmaConfig", {"num_key_value_heads": 1, "attention_bias": True}),
 }
 CLASSIFIERS = [
     "Qwen2ForSequenceClassification",
     "LlamaForSequenceClassification",
     "MistralForSequenceClassification",
+    "GemmaForSequenceClassification",
     "Qwen3ForSequenceClassification",
 ]
 
@@ -43,12 +46,13 @@ def save_random_decoder(folder, architecture, num_labels=1):
     config_name, overrides = next(
         value for bare, value in VARIANTS.items() if architecture.startswith(bare[:-5])
     )
-    config = getattr(transformers, config_name)(
+    settings = dict(
         vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=24, intermediate_size=96, max_position_embeddings=128,
         rms_norm_eps=1e-6, tie_word_embeddings=False, architectures=[architecture], num_labels=num_labels,
-        pad_token_id=0, **overrides,
+        pad_token_id=0,
     )  # fmt: skip
+    config = getattr(transformers, config_name)(**{**settings, **overrides})
     torch.manual_seed(0)
     model = randomized(getattr(transformers, architecture)(config).eval(), 0.1)  # biases too
     model.save_pretrained(folder)
