@@ -167,6 +167,13 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         ctx.record(f"{case} preprocess", "images_per_s_one_thread", count / preprocess_s, "images/s"),
         ctx.record(f"{case} rerank-50", "p50_ms", 1000 * rerank_posy, "ms", 1000 * rerank_theirs),
         ctx.record(f"{case} embed-http", "images_per_s", http["embed"][0], "images/s", http["embed"][1]),
+        ctx.record(
+            f"{case} embed-http",
+            "tokens_per_s",
+            http["embed"][0] * layout.num_tokens,
+            "tokens/s",
+            http["embed"][1] * layout.num_tokens,
+        ),
         ctx.record(f"{case} rerank-http-50", "p50_ms", http["rerank"][0], "ms", http["rerank"][1]),
         *(
             ctx.record(
