@@ -1,5 +1,7 @@
 """The images suite (CUDA): image embeddings of dual encoders against transformers' own model, on real-size
-random weights (CLIP ViT-B/16 and SigLIP base at 224 px), bf16 on both sides, in the same run:
+random weights (CLIP ViT-B/16 and SigLIP base at 224 px; SigLIP2 base in NaFlex, each image at its own
+aspect in at most 256 patches of 16, which transformers pads to 256 and posy packs), bf16 on both sides,
+in the same run:
 - `embed`: 256 images, preprocessed on the host (api/images.py, each image decoded from a PNG), through
   posy's engine as one request, against transformers' get_image_features in batches of 32 from the same
   pixels: images per second and image tokens per second, host preprocessing timed apart (images per
@@ -38,7 +40,8 @@ RERANK_IMAGES = 50
 REFERENCE_BATCH = 32
 MIN_COSINE = 0.995
 SPEEDUP = 3.0  # posy through HTTP against transformers from the same PNGs (the issue's target)
-CASES = ("clip-vit-b16", "siglip-base-p16", "qwen2-vl-2b", "qwen3-vl-2b")
+CASES = ("clip-vit-b16", "siglip-base-p16", "siglip2-base-p16-naflex", "qwen2-vl-2b", "qwen3-vl-2b")
+NAFLEX_PATCHES = 256  # SigLIP2 NaFlex's max_num_patches: each image's own grid of at most 256 patches of 16
 
 
 def serving_config(device: str, dtype, backend: str):
@@ -73,13 +76,14 @@ def png_images(count: int, seed: int) -> list[bytes]:
 def build(case: str, folder: Path, smoke: bool):
     from benchmarks.image_checkpoints import BASE_TEXT, BASE_VISION, SIGLIP_BASE_TEXT, dual_encoder_checkpoint
 
-    kind = "clip" if case.startswith("clip") else "siglip"
+    kind = case.split("-")[0]
     if smoke:
         return dual_encoder_checkpoint(folder, kind)
     text = BASE_TEXT if kind == "clip" else SIGLIP_BASE_TEXT
     projection = 512 if kind == "clip" else BASE_VISION["hidden_size"]
+    size = 16 * int(NAFLEX_PATCHES**0.5) if kind == "siglip2" else 224  # NaFlex: sized by its patches
     return dual_encoder_checkpoint(
-        folder, kind, text, BASE_VISION, image_size=224, patch_size=16, projection_dim=projection, std=0.02
+        folder, kind, text, BASE_VISION, image_size=size, patch_size=16, projection_dim=projection, std=0.02
     )
 
 
@@ -102,47 +106,66 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         started = time.perf_counter()
         values = [pixels(decode(data, ImageLimits(), "input"), layout) for data in encoded]
         preprocess_s = time.perf_counter() - started
-        image_patches = [patches(value, layout.patch_size) for value in values]
+        naflex = layout.max_num_patches is not None  # each image its own grid (SigLIP2)
+        image_patches = [patches(value, layout.patch_size, channels_last=naflex) for value in values]
+        # an image's placeholders: its patches (and CLIP's class token), as the server lays them out
+        image_tokens = [
+            grid.shape[0] * grid.shape[1] if naflex else layout.num_tokens for grid in image_patches
+        ]
         dtype = torch.float32 if smoke else torch.bfloat16
         engine = build_engine(spec, serving_config(device, dtype, options.backend))
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
-        placeholder = [0] * layout.num_tokens
+        placeholders = [[0] * tokens for tokens in image_tokens]
         query = [5, 6, 7, 8, 9, 10, 11, 12]
         loop = asyncio.new_event_loop()
 
-        def posy_embed(items=image_patches):
-            rows = RowRequest(images=list(items))
-            return loop.run_until_complete(engine.run([placeholder] * len(items), rows=rows))
+        def posy_embed():
+            rows = RowRequest(images=list(image_patches))
+            return loop.run_until_complete(engine.run(placeholders, rows=rows))
 
         def posy_rerank():
             subset = image_patches[:RERANK_IMAGES]
             rows = RowRequest(images=[None, *subset])
-            vectors = loop.run_until_complete(engine.run([query] + [placeholder] * len(subset), rows=rows))
+            sequences = [query, *placeholders[:RERANK_IMAGES]]
+            vectors = loop.run_until_complete(engine.run(sequences, rows=rows))
             return vectors[1:] @ vectors[0]
 
-        pixel_values = torch.as_tensor(np.stack([normalized(value, layout) for value in values]))
+        # transformers' inputs, preprocessed once as posy's are: the pixels, and NaFlex's padded patches
+        # with their masks and grids (its processor's)
+        if naflex:
+            from PIL import Image
+            from transformers import AutoImageProcessor
+
+            processor = AutoImageProcessor.from_pretrained(folder)
+            reference_inputs = dict(
+                processor(images=[Image.open(io.BytesIO(data)) for data in encoded], return_tensors="pt")
+            )
+        else:
+            reference_inputs = {
+                "pixel_values": torch.as_tensor(np.stack([normalized(value, layout) for value in values]))
+            }
         reference = reference.to(device)
+
+        def reference_batch(start: int, stop: int, model_dtype) -> dict:
+            return {
+                name: value[start:stop].to(device, model_dtype if name == "pixel_values" else value.dtype)
+                for name, value in reference_inputs.items()
+            }
 
         def features(output):
             return output.pooler_output if hasattr(output, "pooler_output") else output
 
-        def transformers_embed(model, batch=pixel_values, model_dtype=dtype):
+        def transformers_embed(model, model_dtype=dtype):
             with torch.inference_mode():
                 rows = [
-                    features(
-                        model.get_image_features(
-                            pixel_values=batch[i : i + REFERENCE_BATCH].to(device, model_dtype)
-                        )
-                    )
-                    for i in range(0, len(batch), REFERENCE_BATCH)
+                    features(model.get_image_features(**reference_batch(i, i + REFERENCE_BATCH, model_dtype)))
+                    for i in range(0, count, REFERENCE_BATCH)
                 ]
                 return F.normalize(torch.cat(rows).float(), dim=-1).cpu().numpy()
 
         def transformers_rerank(model):
             with torch.inference_mode():
-                images = features(
-                    model.get_image_features(pixel_values=pixel_values[:RERANK_IMAGES].to(device, dtype))
-                )
+                images = features(model.get_image_features(**reference_batch(0, RERANK_IMAGES, dtype)))
                 text = features(model.get_text_features(input_ids=torch.tensor([query], device=device)))
                 return (F.normalize(images.float(), dim=-1) @ F.normalize(text.float(), dim=-1).T).cpu()
 
@@ -152,7 +175,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         cosine = float((ours * expected).sum(1).min())
         posy_s = statistics.median(timed(posy_embed, rounds + 1, device)[1:])
         theirs_s = statistics.median(timed(lambda: transformers_embed(half), rounds + 1, device)[1:])
-        tokens = count * layout.num_tokens
+        tokens = sum(image_tokens)
         rerank_posy = statistics.median(timed(posy_rerank, 4 * rounds + 1, device)[1:])
         rerank_theirs = statistics.median(
             timed(lambda: transformers_rerank(half), 4 * rounds + 1, device)[1:]
@@ -160,6 +183,7 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         engine.stop()
         loop.close()
         http = measure_http(folder, encoded, half, device, dtype, rounds, smoke)
+    tokens_an_image = tokens / count
     records = [
         ctx.record(f"{case} embed", "images_per_s", count / posy_s, "images/s", count / theirs_s),
         ctx.record(f"{case} embed", "tokens_per_s", tokens / posy_s, "tokens/s", tokens / theirs_s),
@@ -170,9 +194,9 @@ def measure_case(case: str, options: argparse.Namespace, device: str, gpu: str |
         ctx.record(
             f"{case} embed-http",
             "tokens_per_s",
-            http["embed"][0] * layout.num_tokens,
+            http["embed"][0] * tokens_an_image,
             "tokens/s",
-            http["embed"][1] * layout.num_tokens,
+            http["embed"][1] * tokens_an_image,
         ),
         ctx.record(f"{case} rerank-http-50", "p50_ms", http["rerank"][0], "ms", http["rerank"][1]),
         *(
@@ -275,9 +299,13 @@ def measure_http(folder: Path, encoded: list[bytes], model, device: str, dtype, 
         rows = []
         for start in range(0, len(items), HTTP_BATCH):
             images = [Image.open(io.BytesIO(data)) for data in items[start : start + HTTP_BATCH]]
-            pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, dtype)
+            inputs = processor(images=images, return_tensors="pt")
+            inputs = {
+                name: value.to(device, dtype if name == "pixel_values" else value.dtype)
+                for name, value in inputs.items()
+            }
             with torch.inference_mode():
-                rows.append(features(model.get_image_features(pixel_values=pixels)))
+                rows.append(features(model.get_image_features(**inputs)))
         return F.normalize(torch.cat(rows).float(), dim=-1)
 
     def transformers_rerank():
