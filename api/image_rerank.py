@@ -65,7 +65,7 @@ async def ranker_scores(
     images = [item for item in inputs if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, limits))
     cuts = [reads[0], *[reads[1]] * len(items)]
-    bound, prompts = model.encoder.bound, model.rerank_model().prompts
+    bound, prompts = model.encoder.bound, model.rerank.prompts
 
     def prompted(item: Item, index: int) -> list[str]:
         # a text in its prompt (one text); an image's prompt around it (the texts before and after it)

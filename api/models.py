@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from api.errors import ModelNotServed, TaskNotSupported
 from api.prompts import select_prompt
@@ -42,6 +42,11 @@ class ServedModel:
     # the threads an image model's requests' images are decoded on (ServerConfig.image_threads), apart
     # from the tokenizer's so that neither's queue or measured rate is the other's
     image_pool: TokenizerPool | None = None
+    # how its rerank lays out and scores pairs (its prompts, their tokenized document lead), made once
+    rerank: RerankModel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rerank = self._rerank_model()
 
     @property
     def name(self) -> str:
@@ -69,7 +74,7 @@ class ServedModel:
         """Its tasks and where each is asked for, for errors."""
         return [f"{task} ({task_route(task)})" for task in self.tasks]
 
-    def rerank_model(self) -> RerankModel:
+    def _rerank_model(self) -> RerankModel:
         spec = self.spec
         if self.encoder.pair_prompt is not None:
             prompts = self.encoder.pair_prompt

@@ -130,7 +130,7 @@ async def score_texts(
         listwise = dataclasses.replace(model.listwise, engine=guard, tokenize=tokenize)
         return await listwise_scores(listwise, query, texts, options)
     encoder = model.encoder
-    rerank_model = dataclasses.replace(model.rerank_model(), engine=guard)
+    rerank_model = dataclasses.replace(model.rerank, engine=guard)
     prompted = rerank_model.texts(query, texts, options.instruction)
     ids = await guard.tokenized(encoder.content_ids_off_loop(prompted, guard, most))
     return await rerank_scores(rerank_model, ids[0], ids[1:], options)
