@@ -167,10 +167,12 @@ def image_sequence(model: ServedModel, encoder: TextEncoder, grid: np.ndarray, w
 
 
 def vision_ids(model: ServedModel, grid: np.ndarray) -> list[int]:
-    """A vision-language model's image: its vision start, a placeholder for each merged patch, its end."""
+    """A vision-language model's image: its vision start, a placeholder for each merged patch, its end (a
+    model without start and end tokens, PaliGemma, has the placeholders alone)."""
     config = model.spec.config
     placeholders = [config.image_token_id] * model.spec.images.tokens_of(grid.shape[:2])
-    return [config.vision_start, *placeholders, config.vision_end]
+    marks = (config.vision_start, *placeholders, config.vision_end)
+    return [token for token in marks if token is not None]
 
 
 def check_vision_free(model: ServedModel, ids: list[int], where: str) -> list[int]:

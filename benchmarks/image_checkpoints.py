@@ -279,6 +279,64 @@ def colqwen2_checkpoint(folder: Path, seed: int = 0, std: float = NOISE_STD, dim
     return folder, model, retriever.embedding_proj_layer
 
 
+PALIGEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<image>")
+# multi-query attention, as PaliGemma-3B's Gemma has it
+TINY_PALIGEMMA_TEXT = {
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 512,
+}  # fmt: skip
+TINY_PALIGEMMA_VISION = {**TINY_TOWER, "image_size": 56, "patch_size": 14}
+
+
+def colpali_checkpoint(
+    folder: Path,
+    text=TINY_PALIGEMMA_TEXT,
+    vision=TINY_PALIGEMMA_VISION,
+    seed: int = 0,
+    std: float = NOISE_STD,
+    dim: int = 16,
+    dtype: torch.dtype = torch.float32,
+):
+    """A random ColPali in `folder`, as transformers' ColPaliForRetrieval saves it: a PaliGemma (a tiny
+    one, or of `text` and `vision`) under "vlm.", `embedding_proj_layer` to `dim`, its weights in `dtype`; a
+    tokenizer whose template adds <bos> (ColPali's processor turns it off and writes its own) and a SigLIP
+    image processor -> (folder, the model in float32)."""
+    from transformers import ColPaliConfig, ColPaliForRetrieval, PaliGemmaConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = clip_tokenizer(PALIGEMMA_SPECIALS, "<bos> $A")
+    ids = {token: tokenizer.token_to_id(token) for token in PALIGEMMA_SPECIALS}
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2
+    vlm = PaliGemmaConfig(
+        text_config={
+            **text, "model_type": "gemma", "vocab_size": tokenizer.get_vocab_size(),
+            "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": ids["<pad>"],
+            "bos_token_id": ids["<bos>"], "eos_token_id": ids["<eos>"],
+        },
+        vision_config={**vision, "model_type": "siglip_vision_model", "vision_use_head": False},
+        image_token_index=ids["<image>"],
+        projection_dim=text["hidden_size"],
+        hidden_size=text["hidden_size"],
+    )  # fmt: skip
+    config = ColPaliConfig(vlm_config=vlm.to_dict(), embedding_dim=dim)
+    config.architectures = ["ColPaliForRetrieval"]
+    torch.manual_seed(seed)
+    model = randomized(ColPaliForRetrieval(config), seed, std).to(dtype)
+    model.save_pretrained(folder)
+    model = model.float()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    specials = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials))
+    processor = {
+        "image_processor_type": "SiglipImageProcessor", "do_resize": True,
+        "size": {"height": vision["image_size"], "width": vision["image_size"]}, "resample": 3,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3, "image_seq_length": patches, "processor_class": "ColPaliProcessor",
+    }  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder, model
+
+
 # each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
 # Qwen3-VL-Embedding's (its own instruction), <|endoftext|> pooled
 EMBEDDER_LAYOUT = (

@@ -218,6 +218,9 @@ def match_weights(model: nn.Module, shapes: Mapping[str, Sequence[int]]) -> dict
     unexpected, misshapen = [], []
     for checkpoint_name, shape in shapes.items():
         name = strip_prefix(modern_name(checkpoint_name), model.checkpoint_prefixes)
+        for older, newer in getattr(model, "renamed_prefixes", ()):
+            if name.startswith(older):
+                name = newer + name.removeprefix(older)
         if name in ignored or name.startswith(ignored_prefixes):
             continue
         if name not in missing:  # unknown, or given twice (with and without a prefix, or a legacy name)

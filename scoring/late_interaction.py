@@ -12,16 +12,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.checkpoint.colbert import ColbertConfig
-from scoring.templates import SingleTemplate
+from scoring.templates import Piece, SingleTemplate
 
 # the input types (a request's input_type, posy embed's --input-type) that lay texts out as queries
 QUERY_INPUT_TYPES = ("query", "search_query")
+NO_TEMPLATE = SingleTemplate(Piece((), ()), Piece((), ()))
 
 
 @dataclass(frozen=True, slots=True)
 class LateInteraction:
     config: ColbertConfig
     single: SingleTemplate
+
+    @property
+    def template(self) -> SingleTemplate:
+        """The special tokens around a query's or a document's tokens: the tokenizer's, or none where a
+        processor's text layout writes them itself (ColPali's <bos>)."""
+        return NO_TEMPLATE if self.config.text_layout is not None else self.single
 
     # the prompts protocol of scoring/templates: a query's and a document's text before tokenization (a
     # processor's layout of either: ColQwen2's lays documents out as queries)
@@ -61,11 +68,11 @@ class LateInteraction:
             if is_query
             else (config.document_length, config.document_prefix_id)
         )
-        return length - self.single.num_special_tokens - (marker is not None)
+        return length - self.template.num_special_tokens - (marker is not None)
 
     def _laid_out(self, content: Sequence[int], length: int, marker: int | None) -> list[int]:
-        room = length - self.single.num_special_tokens - (marker is not None)
-        ids = self.single.apply(content[:room])
+        room = length - self.template.num_special_tokens - (marker is not None)
+        ids = self.template.apply(content[:room])
         if marker is not None:
             ids.insert(1, marker)  # after [CLS], as PyLate and colbert-ai place it
         return ids

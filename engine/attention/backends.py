@@ -127,6 +127,13 @@ def select_backend(
     return backend
 
 
+def for_head_dim(backend: AttentionBackend, head_dim: int) -> AttentionBackend:
+    """The backend for a second model inside the model whose heads are of `head_dim` (a vision tower's:
+    Qwen2-VL-2B's 80, SigLIP-so400m's 72, which FlashInfer lacks): `backend` where it runs them, else
+    torch's, which takes any size on any device."""
+    return backend if backend.runs_head_dim(head_dim) else select_backend("torch", "cpu")
+
+
 def _build(name: str, device: torch.device, shape: dict, asked_for: bool = False) -> AttentionBackend:
     backend = BACKENDS[name](device)
     backend.asked_for = asked_for

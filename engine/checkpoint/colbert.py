@@ -42,9 +42,10 @@ IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 @dataclass(frozen=True, slots=True)
 class ProcessorLayout:
     """The text a multi-vector image retriever's processor makes of its inputs (transformers'
-    ColQwen2Processor, as colpali-engine's): a text (query or document alike) `query_prefix` + text +
-    `query_suffix` (its augmentation tokens and a newline); an image document `image_before` + the image's
-    vision tokens + `image_after`."""
+    ColQwen2Processor and ColPaliProcessor, as colpali-engine's): a text (query or document alike)
+    `query_prefix` + text + `query_suffix` (its augmentation tokens and a newline); an image document
+    `image_before` + the image's vision tokens + `image_after`. Each is tokenized as it is: the processor
+    writes its special tokens (ColPali's <bos>) itself."""
 
     query_prefix: str
     query_suffix: str
@@ -158,34 +159,65 @@ def _prefix_id(name: str, tokenizer, prefix: str | None) -> int | None:
     return token
 
 
-# multi-vector image retrievers over a vision-language model: architecture -> (its projection's name, its
-# wrapper's prefix of the model's weights)
-MULTI_VECTOR_VISION = {"ColQwen2ForRetrieval": ("embedding_proj_layer", "vlm.")}
-# transformers' ColQwen2Processor's defaults, where processor_config.json names none
-COLQWEN2_PROCESSOR = {
-    "query_prefix": "Query: ",
-    "visual_prompt_prefix": (
-        f"<|im_start|>user\n{IMAGE_PLACEHOLDER}Describe the image.<|im_end|><|endoftext|>"
+@dataclass(frozen=True, slots=True)
+class MultiVectorVision:
+    """A multi-vector image retriever over a vision-language model (transformers' ColQwen2ForRetrieval,
+    ColPaliForRetrieval: the model under "vlm.", an `embedding_proj_layer` with a bias): the model type it
+    wraps, and the text its processor makes of a query and of an image document. `query` and `image` are
+    str.format templates of the processor's settings (`settings`, its defaults where processor_config.json
+    names none), the tokenizer's special tokens (`tokens`: bos, pad, their defaults where it names none),
+    `augmentation` (ten pads), a query's `text` and an image's `image` (IMAGE_PLACEHOLDER)."""
+
+    model_type: str
+    settings: dict[str, str]
+    tokens: dict[str, str]
+    query: str
+    image: str
+
+
+MULTI_VECTOR_VISION = {
+    "ColQwen2ForRetrieval": MultiVectorVision(
+        model_type="qwen2_vl",
+        settings={
+            "query_prefix": "Query: ",
+            "visual_prompt_prefix": (
+                f"<|im_start|>user\n{IMAGE_PLACEHOLDER}Describe the image.<|im_end|><|endoftext|>"
+            ),
+        },
+        tokens={"pad": "<|endoftext|>"},
+        query="{query_prefix}{text}{augmentation}\n",
+        image="{visual_prompt_prefix}",
+    ),
+    # PaliGemma's image first, then the beginning of its text
+    "ColPaliForRetrieval": MultiVectorVision(
+        model_type="paligemma",
+        settings={"query_prefix": "Question: ", "visual_prompt_prefix": "Describe the image."},
+        tokens={"pad": "<pad>", "bos": "<bos>"},
+        query="{bos}{query_prefix}{text}{augmentation}\n",
+        image="{image}{bos}{visual_prompt_prefix}\n",
     ),
 }
+PROJECTION, WRAPPER = "embedding_proj_layer", "vlm."
 QUERY_AUGMENTATION = 10  # the processor's pad tokens after a query's text
+TEXT_MARK = "\x00"  # where a query's text goes in its template
 
 
 def read_multi_vector_vision(
     name: str, folder: Path, checkpoint_config: dict, architecture: str, hf_config: Any
 ) -> ColbertConfig:
-    """A ColQwen2's layout: every token of a query and of a document gives a vector (no markers, no
-    expansion, no skiplist), through a projection with a bias to `embedding_dim`, each as long as the
-    model's window; its texts as its processor config lays them out (`text_layout`)."""
-    linear_name, wrapped_in = MULTI_VECTOR_VISION[architecture]
-    processor = {**COLQWEN2_PROCESSOR, **(read_json(folder / "processor_config.json") or {})}
-    image_prompt = processor["visual_prompt_prefix"]
+    """A ColQwen2's or a ColPali's layout: every token of a query and of a document gives a vector (no
+    markers, no expansion, no skiplist), through a projection with a bias to `embedding_dim`, each as long
+    as the model's window; its texts as its processor config lays them out (`text_layout`)."""
+    retriever = MULTI_VECTOR_VISION[architecture]
+    settings = {**retriever.settings, **(read_json(folder / "processor_config.json") or {})}
+    special = special_tokens(folder)
+    tokens = {key: special.get(f"{key}_token", default) for key, default in retriever.tokens.items()}
+    fields = {**settings, **tokens, "augmentation": tokens["pad"] * QUERY_AUGMENTATION}
+    image_prompt = retriever.image.format(**fields, image=IMAGE_PLACEHOLDER)
     if image_prompt.count(IMAGE_PLACEHOLDER) != 1:
         raise UnsupportedModel(f"model {name!r}: its visual prompt does not hold {IMAGE_PLACEHOLDER} once")
-    # the processor pads a query with its tokenizer's pad token (Qwen2's end of text)
-    pad = special_tokens(folder).get("pad_token", "<|endoftext|>")
     before, after = image_prompt.split(IMAGE_PLACEHOLDER)
-    layout = ProcessorLayout(processor["query_prefix"], pad * QUERY_AUGMENTATION + "\n", before, after)
+    query_prefix, query_suffix = retriever.query.format(**fields, text=TEXT_MARK).split(TEXT_MARK)
     window = hf_config.get_text_config().max_position_embeddings
     return ColbertConfig(
         query_prefix_id=None,
@@ -196,10 +228,10 @@ def read_multi_vector_vision(
         attend_to_expansion=True,
         skiplist_ids=frozenset(),
         linear_dim=int(checkpoint_config.get("embedding_dim", 128)),
-        linear_name=linear_name,
+        linear_name=PROJECTION,
         linear_bias=True,
-        wrapped_in=wrapped_in,
-        text_layout=layout,
+        wrapped_in=WRAPPER,
+        text_layout=ProcessorLayout(query_prefix, query_suffix, before, after),
     )
 
 

@@ -11,9 +11,10 @@ from engine.checkpoint.files import module_kinds, read_json, sentence_transforme
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.errors import ModelNotFound, UnsupportedModel
 
-# retrieval models whose config wraps the model posy packs (ColQwen2's Qwen2-VL): its inner config is the
-# checkpoint's, the wrapper's architecture names the head (engine/models/late_interaction.py)
-WRAPPED_CONFIGS = {"colqwen2": "vlm_config"}
+# retrieval models whose config wraps the model posy packs (ColQwen2's Qwen2-VL, ColPali's PaliGemma): its
+# inner config is the checkpoint's, the wrapper's architecture names the head
+# (engine/models/late_interaction.py)
+WRAPPED_CONFIGS = {"colqwen2": "vlm_config", "colpali": "vlm_config"}
 REMOTE_CODE = (
     "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
     "--trust-remote-code, which runs the code inside the checkpoint folder"

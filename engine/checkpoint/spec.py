@@ -28,6 +28,7 @@ from engine.models.head_spec import HeadSpec
 from engine.models.heads import JudgeSpec
 from engine.models.late_interaction import ColbertSpec
 from engine.models.listwise import ListwiseSpec
+from engine.models.paligemma import PaliGemmaConfig
 from engine.models.registry import (
     MODEL_TYPES,
     ModelEntry,
@@ -222,6 +223,9 @@ def image_layout(checkpoint: Checkpoint, family_config: Any) -> ImageLayout | No
     if isinstance(family_config, VisionLanguageConfig):
         vision = checkpoint.hf_config.vision_config
         return read_dynamic_image_layout(checkpoint.name, checkpoint.transformer_dir, vision)
+    if isinstance(family_config, PaliGemmaConfig):  # a fixed square, a token a patch
+        vision = checkpoint.hf_config.vision_config
+        return read_image_layout(checkpoint.name, checkpoint.transformer_dir, vision, 0)
     if not isinstance(family_config, DualEncoderConfig):
         return None
     if family_config.variant.naflex:

@@ -67,11 +67,14 @@ class Backbone(nn.Module):
     """A family's embeddings and layers. `encode` gives the hidden states of every token before
     `finish`, a row-wise closing step (the final norm, or nothing), so that a head that reads one row
     a sequence computes past the last attention, and finishes, only those rows. Checkpoint names are
-    relative to the backbone, after one of `checkpoint_prefixes`; `ignored_weights` are skipped on
-    purpose (a trailing "." skips everything under it) and `pretraining_heads` are what an embedder
-    does not read."""
+    relative to the backbone, after one of `checkpoint_prefixes` (and `renamed_prefixes`);
+    `ignored_weights` are skipped on purpose (a trailing "." skips everything under it) and
+    `pretraining_heads` are what an embedder does not read."""
 
     checkpoint_prefixes: tuple[str, ...] = ()
+    # (older, newer): a name that starts with the older spelling, past its prefix, is read as the newer one
+    # (transformers 5's flattened SigLIP vision model beside the hub's "vision_model.")
+    renamed_prefixes: tuple[tuple[str, str], ...] = ()
     ignored_weights: tuple[str, ...] = ()
     pretraining_heads: tuple[str, ...] = ()
     # the attribute names of the layers' projections that --quantization fp8 runs in FP8

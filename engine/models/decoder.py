@@ -366,12 +366,27 @@ class DecoderBackbone(Backbone):
     ) -> torch.Tensor:
         # PackedBatch of num_tokens -> [num_tokens, hidden], before the final norm (the residual
         # stream); with `rows`, those rows (Backbone.encode)
-        hidden = self.embed_tokens(batch.input_ids)
+        return self.run_embedded(self.embed(batch.input_ids), batch.positions, meta, rows)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[num_tokens] ids -> [num_tokens, hidden] token embeddings (scaled, for Gemma)."""
+        hidden = self.embed_tokens(input_ids)
         if self.config.variant.embed_scale:
             hidden = hidden * embedding_scale(self.hidden_size, hidden.dtype)
+        return hidden
+
+    def run_embedded(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The layers over [num_tokens, hidden] embeddings at [num_tokens] rotary positions -> the residual
+        stream (encode's)."""
         # one cos/sin table per layer type, shared by its layers
         rotary = {
-            kind: rotary_tables(batch.positions, self.config.head_dim, theta, hidden.dtype)
+            kind: rotary_tables(positions, self.config.head_dim, theta, hidden.dtype)
             for kind, theta in self.config.rope_thetas.items()
         }
         return self.run_layers(hidden, rotary, meta, rows)

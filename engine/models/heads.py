@@ -37,6 +37,7 @@ class Head(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.checkpoint_prefixes = backbone.checkpoint_prefixes
+        self.renamed_prefixes = backbone.renamed_prefixes
         self.ignored_weights: tuple[str, ...] = backbone.ignored_weights
 
     def weight_map(self) -> WeightTargets:

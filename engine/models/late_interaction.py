@@ -142,10 +142,10 @@ class ColbertSpec(HeadSpec):
 
 
 def detect_colbert(checkpoint: Checkpoint) -> ColbertSpec | None:
-    """A PyLate folder, a colbert-ai one, or a multi-vector image retriever (ColQwen2)."""
+    """A PyLate folder, a colbert-ai one, or a multi-vector image retriever (ColQwen2, ColPali)."""
     name, hf_config = checkpoint.name, checkpoint.hf_config
     if checkpoint.architecture in MULTI_VECTOR_VISION:
-        if hf_config.model_type != "qwen2_vl":
+        if hf_config.model_type != MULTI_VECTOR_VISION[checkpoint.architecture].model_type:
             raise UnsupportedModel(f"model {name!r}: {checkpoint.architecture} over {hf_config.model_type}")
         folder = checkpoint.transformer_dir
         own = read_json(folder / "config.json")

@@ -18,7 +18,7 @@ from engine.checkpoint.sentence_transformers import sentence_transformers_poolin
 from engine.checkpoint.source import POOLING_FLAGS
 from engine.checkpoint.splade import is_m3_folder
 from engine.errors import UnsupportedModel
-from engine.models import bert, clip, decoder, vision_language
+from engine.models import bert, clip, decoder, paligemma, vision_language
 from engine.models.backbone import Backbone
 from engine.models.bert import BertBackbone
 from engine.models.bge_m3 import M3Spec
@@ -31,6 +31,7 @@ from engine.models.heads import ClassifierSpec, EmbedderSpec, JudgeSpec
 from engine.models.late_interaction import detect_colbert
 from engine.models.listwise import detect_listwise
 from engine.models.modernbert import ModernBertBackbone
+from engine.models.paligemma import PaliGemmaBackbone
 from engine.models.sparse import detect_splade
 from engine.models.token_classifier import detect_token_classifier
 from engine.models.vision_language import VisionLanguageBackbone
@@ -94,6 +95,9 @@ GEMMA = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
 # Qwen2-VL and Qwen3-VL: a decoder over texts that hold images (engine/models/vision_language.py), last token
 VISION_LANGUAGE = Family(VisionLanguageBackbone, ("embed",), "last", decoder=True)
+# PaliGemma: ColPali's backbone, a bidirectional decoder over its image's patches and text (a token embedder
+# replaces its head: engine/models/late_interaction.py)
+PALIGEMMA = Family(PaliGemmaBackbone, ("embed",), "mean", decoder=True)
 # any other architecture, through transformers (engine/models/fallback.py): mean-pooled, normalized
 FALLBACK = Family(TransformersBackbone, ("embed", "classify"), pooling="mean")
 
@@ -129,6 +133,7 @@ MODEL_TYPES: dict[str, ModelType] = {
     "siglip2": ModelType(DUAL_ENCODER, "Siglip2Model", clip.SIGLIP2),
     "qwen2_vl": ModelType(VISION_LANGUAGE, "Qwen2VLModel", vision_language.QWEN2_VL),
     "qwen3_vl": ModelType(VISION_LANGUAGE, "Qwen3VLModel", vision_language.QWEN3_VL),
+    "paligemma": ModelType(PALIGEMMA, paligemma.BARE, paligemma.TEXT),
 }
 
 

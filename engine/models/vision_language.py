@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata, select_backend
+from engine.attention import AttentionBackend, AttentionMetadata, for_head_dim
 from engine.batch import PackedBatch
 from engine.errors import UnsupportedModel
 from engine.inline_images import InlineImages
@@ -246,11 +246,8 @@ class VisionLanguageBackbone(DecoderBackbone):
         super().__init__(config, attention_backend)
         self.image_token = config.image_token_id
         # the vision tower's heads may be of a size the decoder's backend lacks (Qwen2-VL-2B's 80 against
-        # FlashInfer's 64, 128 and 256, where Triton's hands an image's long sequence to FlashInfer): then
-        # it attends through torch's, which takes any
-        vision_backend = attention_backend
-        if not attention_backend.runs_head_dim(config.vision.tower.head_dim):
-            vision_backend = select_backend("torch", "cpu")  # device-agnostic
+        # FlashInfer's 64, 128 and 256, where Triton's hands an image's long sequence to FlashInfer)
+        vision_backend = for_head_dim(attention_backend, config.vision.tower.head_dim)
         self.visual = VisionTower(config.vision, config.family, vision_backend, affine)
 
     @classmethod
@@ -285,7 +282,7 @@ class VisionLanguageBackbone(DecoderBackbone):
         if images.pixels is None:  # a host batch run as it is (the runner moves a batch first)
             images = images.to(batch.input_ids.device)
         config: VisionLanguageConfig = self.config  # type: ignore[assignment]
-        hidden = self.embed_tokens(batch.input_ids)
+        hidden = self.embed(batch.input_ids)
         vision_meta = AttentionMetadata.build(images.vision_cu_seqlens, images.vision_max_seqlen)
         merged, deepstack = self.visual(images.pixels, images, vision_meta.to(hidden.device))
         hidden = hidden.index_copy(0, images.token_rows, merged.to(hidden.dtype))

@@ -1,6 +1,7 @@
 """The vision-language rankers on CUDA in bf16, through HTTP, against transformers' fp32 on the same
 layouts (the CPU tests' references): jina-reranker-m0 (Qwen2-VL, vision heads of 80 as Qwen2-VL-2B has),
-Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64) and ColQwen2 (MaxSim on the device); text documents
+Qwen3-VL-Reranker (Qwen3-VL, vision heads of 64), ColQwen2 (MaxSim on the device) and ColPali (PaliGemma,
+vision heads of 72 as SigLIP-so400m has, decoder heads of 128, multi-query); text documents
 through CUDA graphs, image documents, an image query (not ColQwen2's), against an image document too;
 each score within 1e-2 (sigmoids of logits near 0, or means of cosines: a bf16 error)."""
 
@@ -12,10 +13,14 @@ from litestar.testing import TestClient
 from api.app import create_app
 from api.config import EngineFlags, ServerConfig
 from benchmarks.image_checkpoints import (
+    TINY_PALIGEMMA_TEXT,
+    TINY_PALIGEMMA_VISION,
+    colpali_checkpoint,
     colqwen2_checkpoint,
     jina_ranker_checkpoint,
     qwen3_vl_judge_checkpoint,
 )
+from tests.api import test_colpali as colpali
 from tests.api import test_colqwen as colqwen
 from tests.api import test_vision_language_judge as judge
 from tests.api import test_vision_language_ranker as jina
@@ -30,7 +35,21 @@ TOLERANCE = 1e-2
 QUERY, TEXTS = judge.QUERY, judge.TEXTS
 
 
+def max_sim_scores(vectors, pairs) -> list[float]:
+    """A multi-vector retriever's rerank scores of (query, document) pairs from `vectors` of items."""
+    query = vectors([pairs[0][0]])[0]
+    documents = vectors([pair[1] for pair in pairs])
+    return [(1 + colqwen.max_sim(query, document) / len(query)) / 2 for document in documents]
+
+
 def checkpoint(kind: str, folder):
+    if kind == "colpali":
+        text = {**TINY_PALIGEMMA_TEXT, "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128}
+        vision = {**TINY_PALIGEMMA_VISION, "hidden_size": 144, "num_attention_heads": 2}
+        folder, model = colpali_checkpoint(folder, text=text, vision=vision, std=0.05)
+        return folder, lambda pairs: max_sim_scores(
+            lambda items: colpali.reference_vectors(model, folder, items), pairs
+        )
     vision, sections = KINDS["qwen3_vl" if kind == "qwen3-vl-judge" else "qwen2_vl"]
     shape = {"text": TEXT, "vision": vision, "mrope_section": sections}
     if kind == "jina":
@@ -38,19 +57,15 @@ def checkpoint(kind: str, folder):
         return folder, lambda pairs: jina.reference_scores(model, score, folder, pairs)
     if kind == "colqwen2":
         folder, model, projection = colqwen2_checkpoint(folder, std=0.05, **shape)
-
-        def max_sims(pairs):
-            query = colqwen.reference_vectors(model, projection, folder, [pairs[0][0]])[0]
-            documents = colqwen.reference_vectors(model, projection, folder, [pair[1] for pair in pairs])
-            return [(1 + colqwen.max_sim(query, document) / len(query)) / 2 for document in documents]
-
-        return folder, max_sims
+        return folder, lambda pairs: max_sim_scores(
+            lambda items: colqwen.reference_vectors(model, projection, folder, items), pairs
+        )
     # Qwen3-VL-Reranker
     folder, model = qwen3_vl_judge_checkpoint(folder, tied=False, std=0.05, **shape)
     return folder, lambda pairs: judge.reference_scores(model, folder, pairs)
 
 
-@pytest.mark.parametrize("kind", ["jina", "qwen3-vl-judge", "colqwen2"])
+@pytest.mark.parametrize("kind", ["jina", "qwen3-vl-judge", "colqwen2", "colpali"])
 def test_rankers_in_bf16_match_fp32(tmp_path, kind):
     folder, reference = checkpoint(kind, tmp_path / kind)
     engine = EngineFlags("cuda", "bfloat16")
@@ -64,7 +79,7 @@ def test_rankers_in_bf16_match_fp32(tmp_path, kind):
             [(QUERY, IMAGES[0]), (QUERY, TEXTS[0]), (QUERY, IMAGES[1])],
         ),
     ]
-    if kind != "colqwen2":  # ColQwen2 embeds a query from its text
+    if not kind.startswith("col"):  # ColQwen2 and ColPali embed a query from its text
         cases.append(({"query": image_query, "documents": TEXTS}, [(IMAGES[1], text) for text in TEXTS]))
         two = {"query": image_query, "documents": [{"image": data_uri(IMAGES[0])}]}  # both in one sequence
         cases.append((two, [(IMAGES[1], IMAGES[0])]))

@@ -1,0 +1,166 @@
+"""ColPali (transformers' ColPaliForRetrieval: PaliGemma under a projection, engine/models/paligemma.py) on a
+tiny random checkpoint: each query and document laid out as ColPaliProcessor lays it out ("<bos>Question:
+{text}" and ten <pad> then a newline, its tokenizer's own <bos> turned off; an image document its patches'
+placeholders, then "<bos>Describe the image.\\n"), every token's projected unit vector within 1e-5 of
+transformers' ColPaliForRetrieval (the processor's token_type_ids: every token attends both ways) with its
+own image processor; rerank by MaxSim against image and text documents; /pooling's token vectors of queries
+and of image documents; checkpoints as transformers 5 saves them and as the hub's hold them."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from litestar.testing import TestClient
+from PIL import Image
+
+from api.app import create_app
+from api.config import ServerConfig
+from benchmarks.image_checkpoints import colpali_checkpoint
+from tests.api.test_colqwen import max_sim
+from tests.api.test_vision_language_inputs import IMAGES, data_uri
+from tests.api.test_vision_language_ranker import scores_of
+
+TOLERANCE = 1e-5
+QUERY = "a photo of a cat"
+TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
+QUERY_LAYOUT = "<bos>Question: {}" + "<pad>" * 10 + "\n"
+IMAGE_LAYOUT = "{}<bos>Describe the image.\n"
+
+
+def reference_vectors(model, folder, items) -> list[np.ndarray]:
+    """transformers' ColPali token vectors of each item, a text laid out as a query, a PNG as an image
+    document, each run alone as ColPaliProcessor gives it (token_type_ids of zeros)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = AutoImageProcessor.from_pretrained(folder)
+    vectors = []
+    for item in items:
+        inputs = {}
+        if isinstance(item, str):
+            text = QUERY_LAYOUT.format(item)
+        else:
+            pixels = processor(images=[Image.open(io.BytesIO(item)).convert("RGB")], return_tensors="pt")
+            inputs["pixel_values"] = pixels["pixel_values"]
+            text = IMAGE_LAYOUT.format("<image>" * processor.image_seq_length)
+        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
+        with torch.inference_mode():
+            output = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), **inputs)
+        vectors.append(output.embeddings[0].numpy())
+    return vectors
+
+
+# weights of half the usual noise: at 0.2 this tiny net amplifies the image processor's float rounding of
+# pixels (1e-7) to 2e-5 in a token's vector, where transformers' own float32 and float64 differ by 4e-6
+STD = 0.1
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return colpali_checkpoint(tmp_path_factory.mktemp("colpali") / "colpali", std=STD)
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    folder, model = checkpoint
+    config = ServerConfig(models=(str(folder),), served_model_names=(("colpali",),), tokenizer_threads=2)
+    with TestClient(create_app(config)) as client:
+        yield client, lambda items: reference_vectors(model, folder, items)
+
+
+def test_rerank_by_max_sim_against_images_and_texts(served):
+    client, reference = served
+    query, *documents = reference([QUERY, IMAGES[0], TEXTS[0], IMAGES[1], TEXTS[1]])
+    raw = np.array([max_sim(query, document) for document in documents])
+    assert np.ptp(raw) > 100 * TOLERANCE  # the scores differ: the comparison can fail
+    body = {
+        "model": "colpali",
+        "query": QUERY,
+        "documents": [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]],
+    }
+    for route in ("/v1/rerank", "/v2/rerank"):
+        response = client.post(route, json=body)
+        np.testing.assert_allclose(scores_of(response), (1 + raw / len(query)) / 2, atol=TOLERANCE, rtol=0)
+
+
+def test_token_vectors_of_queries(served):
+    client, reference = served
+    expected = reference([QUERY, TEXTS[0]])
+    body = {"model": "colpali", "input": [QUERY, TEXTS[0]], "task": "token_embed", "input_type": "query"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 200, response.text
+    for item, vectors in zip(response.json()["data"], expected):
+        assert len(item["data"]) == len(vectors)  # one <bos>: the processor's, not the tokenizer's too
+        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+
+
+def test_token_vectors_of_image_documents_and_texts(served):
+    """/pooling's token_embed of images among texts: every token's vector of the image document (its
+    patches' first), for indexing pages; a text beside it as a document."""
+    client, reference = served
+    expected = reference([IMAGES[1], TEXTS[1], IMAGES[0]])
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(data)}} for data in IMAGES]
+    body = {"model": "colpali", "input": [parts[1], TEXTS[1], parts[0]], "task": "token_embed"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 200, response.text
+    payload = response.json()
+    for item, vectors in zip(payload["data"], expected):
+        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+    assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
+
+
+def test_the_hubs_weight_names_load(checkpoint, tmp_path):
+    """The hub's ColPali checkpoints name the model as transformers 4 did ("vlm.model.language_model.",
+    "vlm.model.vision_tower.vision_model."): posy reads them as it reads transformers 5's."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.attention import select_backend
+    from engine.checkpoint.resolve import resolve_model
+    from engine.weights import load_model
+
+    folder, model = checkpoint
+    hub = tmp_path / "hub"
+    shutil.copytree(folder, hub)
+    renamed = {}
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        name = name.replace("vlm.language_model.model.", "vlm.model.language_model.")
+        name = name.replace("vlm.vision_tower.", "vlm.model.vision_tower.vision_model.")
+        renamed[name.replace("vlm.multi_modal_projector.", "vlm.model.multi_modal_projector.")] = tensor
+    assert any(".vision_model." in name for name in renamed)
+    save_file(renamed, str(hub / "model.safetensors"))
+    loaded = load_model(resolve_model(str(hub)), "cpu", torch.float32, select_backend("torch", "cpu"))
+    theirs = model.vlm.vision_tower.embeddings.position_embedding.weight.detach().numpy()
+    np.testing.assert_array_equal(loaded.backbone.vision.positions.weight.detach().numpy(), theirs)
+
+
+def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
+    client, _ = served
+    query = {"image": data_uri(IMAGES[0])}
+    response = client.post("/v2/rerank", json={"model": "colpali", "query": query, "documents": TEXTS})
+    assert response.status_code == 400, response.text
+    assert "the query is an image" in response.json()["message"]
+    response = client.post("/v2/rerank", json={"model": "colpali", "query": QUERY, "documents": TEXTS})
+    assert response.status_code == 200, response.text
+
+
+def test_a_generative_paligemma_is_not_served_as_an_embedder(checkpoint, tmp_path):
+    """PaliGemma packs as ColPali's backbone only: a PaliGemmaForConditionalGeneration folder is refused
+    with a reason, not embedded by a pooling it was never trained for."""
+    import json
+    import shutil
+
+    from engine.checkpoint.resolve import resolve_model
+    from engine.errors import UnsupportedModel
+
+    folder, _ = checkpoint
+    generative = tmp_path / "paligemma"
+    shutil.copytree(folder, generative)
+    config = json.loads((folder / "config.json").read_text())["vlm_config"]
+    config["architectures"] = ["PaliGemmaForConditionalGeneration"]
+    (generative / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel):
+        resolve_model(str(generative), model_impl="posy")
