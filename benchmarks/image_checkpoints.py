@@ -337,6 +337,39 @@ def colpali_checkpoint(
     return folder, model
 
 
+# ColPaliProcessor's text of a query and of an image document (its <bos> written, the tokenizer's turned off)
+COLPALI_QUERY = "<bos>Question: {}" + "<pad>" * 10 + "\n"
+COLPALI_IMAGE = "{}<bos>Describe the image.\n"
+
+
+def colpali_vectors(model, folder: Path, items) -> list:
+    """transformers' ColPali token vectors ([tokens, dim] float32 arrays) of each item, a text laid out as a
+    query, PNG bytes as an image document, each run alone as ColPaliProcessor gives it (token_type_ids of
+    zeros: every token attends to every other)."""
+    import io
+
+    from PIL import Image
+    from tokenizers import Tokenizer
+    from transformers import AutoImageProcessor
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    processor = AutoImageProcessor.from_pretrained(folder)
+    vectors = []
+    for item in items:
+        inputs = {}
+        if isinstance(item, str):
+            text = COLPALI_QUERY.format(item)
+        else:
+            pixels = processor(images=[Image.open(io.BytesIO(item)).convert("RGB")], return_tensors="pt")
+            inputs["pixel_values"] = pixels["pixel_values"]
+            text = COLPALI_IMAGE.format("<image>" * processor.image_seq_length)
+        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
+        with torch.inference_mode():
+            output = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), **inputs)
+        vectors.append(output.embeddings[0].numpy())
+    return vectors
+
+
 # each input as those embedders lay it out: gme-Qwen2-VL's (the chat template's default system turn) and
 # Qwen3-VL-Embedding's (its own instruction), <|endoftext|> pooled
 EMBEDDER_LAYOUT = (

@@ -971,6 +971,18 @@ QWEN3_VL = Family(
 )
 VISION_LANGUAGE = {"qwen2_vl": QWEN2_VL, "qwen3_vl": QWEN3_VL}
 
+
+def build_colpali(folder: Path) -> nn.Module:
+    """A tiny random ColPali (ColPaliForRetrieval over PaliGemma: benchmarks/image_checkpoints.py), its
+    weights of half the usual noise as its own tests have them."""
+    from benchmarks.image_checkpoints import colpali_checkpoint
+
+    return colpali_checkpoint(folder, std=0.1)[1]
+
+
+# a multi-vector page retriever: rerank by MaxSim, token vectors of pages (its own test)
+COLPALI = Family("tiny-colpali", "vidore/colpali-v1.3-hf", build_colpali)
+
 EMBEDDERS = [
     BGE_M3,
     QWEN3_EMBEDDING,

@@ -21,11 +21,13 @@ import pytest
 from tokenizers import Tokenizer
 from torch import nn
 
+from engine.checkpoint.folder import WRAPPED_CONFIGS
 from engine.models.registry import MODEL_TYPES
 
 from .conftest import REPO_ROOT, ServerFactory, free_port, server_env
 from .contract import SAME_VECTOR, cohere_client, cosine
 from .families import (
+    COLPALI,
     CPU_FLOAT32,
     CROSS_ENCODERS,
     DUAL_ENCODERS,
@@ -62,7 +64,7 @@ UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
 # what the one server serves: every generic family, and the families with tests of their own
 SERVED = [
     *EMBEDDERS, *CROSS_ENCODERS, QWEN3_RERANKER, LOGIT_SCORE_RERANKER, *DUAL_ENCODERS,
-    *VISION_LANGUAGE.values(),
+    *VISION_LANGUAGE.values(), COLPALI,
 ]  # fmt: skip
 
 
@@ -315,9 +317,37 @@ def test_vision_language_embedders_through_the_sdks(serve, kind):
         assert cosine(np.asarray(ours, dtype=np.float32), theirs) >= SAME_VECTOR
 
 
+def test_colpali_ranks_texts_through_the_sdk_and_embeds_pages(serve):
+    """ColPali beside the text families: the Cohere SDK's rerank of texts is their MaxSim against the
+    query's token vectors, and /pooling's token_embed of a page image its every token's vector, as
+    transformers' ColPaliForRetrieval gives them."""
+    from benchmarks.image_checkpoints import colpali_vectors
+
+    served = serve(COLPALI)
+    pngs, uris = random_pngs(((80, 60),), seed=2)
+    query, *documents = colpali_vectors(served.reference, served.folder, [QUERY, *DOCUMENTS[:3], pngs[0]])
+    max_sims = [float((query @ document.T).max(axis=1).sum()) for document in documents]
+    with cohere_client(cohere.ClientV2, served.url, timeout=60.0) as client:
+        response = client.rerank(model=COLPALI.id, query=QUERY, documents=DOCUMENTS[:3])
+    expected = sorted(range(3), key=lambda index: -max_sims[index])
+    assert [result.index for result in response.results] == expected
+    for result in response.results:
+        score = (1 + max_sims[result.index] / len(query)) / 2
+        assert math.isclose(result.relevance_score, score, abs_tol=1e-4)
+    part = {"type": "image_url", "image_url": {"url": uris[0]}}
+    body = {"model": COLPALI.id, "task": "token_embed", "input": [part]}
+    response = httpx.post(f"{served.url}/pooling", json=body, timeout=60.0)
+    assert response.status_code == 200, response.text
+    page = np.array(response.json()["data"][0]["data"], dtype=np.float32)
+    assert page.shape == documents[-1].shape
+    assert min(cosine(ours, theirs) for ours, theirs in zip(page, documents[-1])) >= SAME_VECTOR
+
+
 def test_every_model_type_posy_packs_is_served_by_a_family(serve):
     """A row added to the model table (engine/models/registry.py) needs a family here to be tested."""
     configs = [json.loads((serve(family).folder / "config.json").read_text()) for family in SERVED]
+    # a retriever's config wraps the model it packs (ColPali's PaliGemma)
+    configs = [config.get(WRAPPED_CONFIGS.get(config["model_type"]), config) for config in configs]
     served = {config["model_type"] for config in configs}
     assert set(MODEL_TYPES) <= served, sorted(set(MODEL_TYPES) - served)
 

@@ -6,17 +6,14 @@ transformers' ColPaliForRetrieval (the processor's token_type_ids: every token a
 own image processor; rerank by MaxSim against image and text documents; /pooling's token vectors of queries
 and of image documents; checkpoints as transformers 5 saves them and as the hub's hold them."""
 
-import io
-
 import numpy as np
 import pytest
 import torch
 from litestar.testing import TestClient
-from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import colpali_checkpoint
+from benchmarks.image_checkpoints import colpali_checkpoint, colpali_vectors
 from tests.api.test_colqwen import max_sim
 from tests.api.test_vision_language_inputs import IMAGES, data_uri
 from tests.api.test_vision_language_ranker import scores_of
@@ -24,32 +21,6 @@ from tests.api.test_vision_language_ranker import scores_of
 TOLERANCE = 1e-5
 QUERY = "a photo of a cat"
 TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
-QUERY_LAYOUT = "<bos>Question: {}" + "<pad>" * 10 + "\n"
-IMAGE_LAYOUT = "{}<bos>Describe the image.\n"
-
-
-def reference_vectors(model, folder, items) -> list[np.ndarray]:
-    """transformers' ColPali token vectors of each item, a text laid out as a query, a PNG as an image
-    document, each run alone as ColPaliProcessor gives it (token_type_ids of zeros)."""
-    from tokenizers import Tokenizer
-    from transformers import AutoImageProcessor
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    processor = AutoImageProcessor.from_pretrained(folder)
-    vectors = []
-    for item in items:
-        inputs = {}
-        if isinstance(item, str):
-            text = QUERY_LAYOUT.format(item)
-        else:
-            pixels = processor(images=[Image.open(io.BytesIO(item)).convert("RGB")], return_tensors="pt")
-            inputs["pixel_values"] = pixels["pixel_values"]
-            text = IMAGE_LAYOUT.format("<image>" * processor.image_seq_length)
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
-        with torch.inference_mode():
-            output = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), **inputs)
-        vectors.append(output.embeddings[0].numpy())
-    return vectors
 
 
 # weights of half the usual noise: at 0.2 this tiny net amplifies the image processor's float rounding of
@@ -67,7 +38,7 @@ def served(checkpoint):
     folder, model = checkpoint
     config = ServerConfig(models=(str(folder),), served_model_names=(("colpali",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
-        yield client, lambda items: reference_vectors(model, folder, items)
+        yield client, lambda items: colpali_vectors(model, folder, items)
 
 
 def test_rerank_by_max_sim_against_images_and_texts(served):

@@ -16,11 +16,11 @@ from benchmarks.image_checkpoints import (
     TINY_PALIGEMMA_TEXT,
     TINY_PALIGEMMA_VISION,
     colpali_checkpoint,
+    colpali_vectors,
     colqwen2_checkpoint,
     jina_ranker_checkpoint,
     qwen3_vl_judge_checkpoint,
 )
-from tests.api import test_colpali as colpali
 from tests.api import test_colqwen as colqwen
 from tests.api import test_vision_language_judge as judge
 from tests.api import test_vision_language_ranker as jina
@@ -48,7 +48,7 @@ def checkpoint(kind: str, folder):
         vision = {**TINY_PALIGEMMA_VISION, "hidden_size": 144, "num_attention_heads": 2}
         folder, model = colpali_checkpoint(folder, text=text, vision=vision, std=0.05)
         return folder, lambda pairs: max_sim_scores(
-            lambda items: colpali.reference_vectors(model, folder, items), pairs
+            lambda items: colpali_vectors(model, folder, items), pairs
         )
     vision, sections = KINDS["qwen3_vl" if kind == "qwen3-vl-judge" else "qwen2_vl"]
     shape = {"text": TEXT, "vision": vision, "mrope_section": sections}
