@@ -217,6 +217,19 @@ def run_layers(
     return hidden, residual
 
 
+def encoder_layer_targets(backbone: Backbone, source: str, target: str, config: TowerConfig) -> WeightTargets:
+    """A tower's pre-norm layers as CLIP and SigLIP name them in a checkpoint (`source` + "N.") -> its
+    EncoderLayers (`target` + "N."), the three attention projections into one QKV."""
+    targets: WeightTargets = {}
+    for index in range(config.num_layers):
+        layer_source, layer_target = f"{source}{index}.", f"{target}{index}."
+        names = {layer_source + name: layer_target + module for name, module in LAYER_NAMES.items()}
+        projections = {layer_source + name: config.hidden_size for name in QKV}
+        targets.update(backbone.module_targets(names))
+        targets.update(backbone.fused_targets(f"{layer_target}qkv", projections))
+    return targets
+
+
 class AttentionPool(nn.Module):
     """SigLIP's MAP head over packed images: a learned probe attends over each image's tokens (a softmax
     per image and head), then out-projection, LayerNorm and an MLP added to it."""
@@ -399,17 +412,11 @@ class DualEncoderBackbone(Backbone):
             })  # fmt: skip
         else:
             modules["visual_projection"] = "image_head"
-        targets: WeightTargets = {}
-        for tower, ours, tower_config in (
-            ("text", "text_layers", config.text),
-            ("vision", "vision_layers", config.vision),
-        ):
-            for index in range(tower_config.num_layers):
-                source, target = f"{tower}_model.encoder.layers.{index}.", f"{ours}.{index}."
-                modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
-                projections = {source + name: tower_config.hidden_size for name in QKV}
-                targets.update(self.fused_targets(f"{target}qkv", projections))
-        targets.update(self.module_targets(modules))
+        targets = {
+            **encoder_layer_targets(self, "text_model.encoder.layers.", "text_layers.", config.text),
+            **encoder_layer_targets(self, "vision_model.encoder.layers.", "vision_layers.", config.vision),
+            **self.module_targets(modules),
+        }
         if self.class_embedding is not None:
             targets["vision_model.embeddings.class_embedding"] = ("class_embedding", None)
         if variant.attention_pool:

@@ -21,7 +21,7 @@ from engine.inline_images import InlineImages
 from engine.layers.add_norm import AddLayerNorm
 from engine.layers.patch_embedding import PatchEmbedding
 from engine.models import decoder
-from engine.models.clip import LAYER_NAMES, QKV, EncoderLayer, TowerConfig, run_layers
+from engine.models.clip import EncoderLayer, TowerConfig, encoder_layer_targets, run_layers
 from engine.models.decoder import DecoderBackbone, DecoderConfig
 
 if TYPE_CHECKING:
@@ -172,10 +172,6 @@ class PaliGemmaBackbone(DecoderBackbone):
             f"{VISION}post_layernorm": "vision.norm",
             "multi_modal_projector.linear": "projector",
         }
-        for index in range(tower.num_layers):
-            source, target = f"{VISION}encoder.layers.{index}.", f"vision.layers.{index}."
-            modules.update({source + name: target + module for name, module in LAYER_NAMES.items()})
-            projections = {source + name: tower.hidden_size for name in QKV}
-            targets.update(self.fused_targets(f"{target}qkv", projections))
+        targets.update(encoder_layer_targets(self, f"{VISION}encoder.layers.", "vision.layers.", tower))
         targets.update(self.module_targets(modules))
         return targets

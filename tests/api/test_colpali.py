@@ -14,14 +14,7 @@ from litestar.testing import TestClient
 from api.app import create_app
 from api.config import ServerConfig
 from benchmarks.image_checkpoints import colpali_checkpoint, colpali_vectors
-from tests.api.test_colqwen import max_sim
-from tests.api.test_vision_language_inputs import IMAGES, data_uri
-from tests.api.test_vision_language_ranker import scores_of
-
-TOLERANCE = 1e-5
-QUERY = "a photo of a cat"
-TEXTS = ["two dogs on a beach", "a cat asleep in the sun"]
-
+from tests.api import test_colqwen as colqwen
 
 # weights of half the usual noise: at 0.2 this tiny net amplifies the image processor's float rounding of
 # pixels (1e-7) to 2e-5 in a token's vector, where transformers' own float32 and float64 differ by 4e-6
@@ -42,44 +35,16 @@ def served(checkpoint):
 
 
 def test_rerank_by_max_sim_against_images_and_texts(served):
-    client, reference = served
-    query, *documents = reference([QUERY, IMAGES[0], TEXTS[0], IMAGES[1], TEXTS[1]])
-    raw = np.array([max_sim(query, document) for document in documents])
-    assert np.ptp(raw) > 100 * TOLERANCE  # the scores differ: the comparison can fail
-    body = {
-        "model": "colpali",
-        "query": QUERY,
-        "documents": [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]],
-    }
-    for route in ("/v1/rerank", "/v2/rerank"):
-        response = client.post(route, json=body)
-        np.testing.assert_allclose(scores_of(response), (1 + raw / len(query)) / 2, atol=TOLERANCE, rtol=0)
+    colqwen.check_rerank(*served, "colpali")
 
 
 def test_token_vectors_of_queries(served):
-    client, reference = served
-    expected = reference([QUERY, TEXTS[0]])
-    body = {"model": "colpali", "input": [QUERY, TEXTS[0]], "task": "token_embed", "input_type": "query"}
-    response = client.post("/pooling", json=body)
-    assert response.status_code == 200, response.text
-    for item, vectors in zip(response.json()["data"], expected):
-        assert len(item["data"]) == len(vectors)  # one <bos>: the processor's, not the tokenizer's too
-        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
+    """Each query's vectors, as many as the processor's tokens: one <bos>, not the tokenizer's too."""
+    colqwen.check_query_vectors(*served, "colpali")
 
 
 def test_token_vectors_of_image_documents_and_texts(served):
-    """/pooling's token_embed of images among texts: every token's vector of the image document (its
-    patches' first), for indexing pages; a text beside it as a document."""
-    client, reference = served
-    expected = reference([IMAGES[1], TEXTS[1], IMAGES[0]])
-    parts = [{"type": "image_url", "image_url": {"url": data_uri(data)}} for data in IMAGES]
-    body = {"model": "colpali", "input": [parts[1], TEXTS[1], parts[0]], "task": "token_embed"}
-    response = client.post("/pooling", json=body)
-    assert response.status_code == 200, response.text
-    payload = response.json()
-    for item, vectors in zip(payload["data"], expected):
-        np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
-    assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
+    colqwen.check_image_document_vectors(*served, "colpali")
 
 
 def test_the_hubs_weight_names_load(checkpoint, tmp_path):
@@ -109,13 +74,7 @@ def test_the_hubs_weight_names_load(checkpoint, tmp_path):
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
-    client, _ = served
-    query = {"image": data_uri(IMAGES[0])}
-    response = client.post("/v2/rerank", json={"model": "colpali", "query": query, "documents": TEXTS})
-    assert response.status_code == 400, response.text
-    assert "the query is an image" in response.json()["message"]
-    response = client.post("/v2/rerank", json={"model": "colpali", "query": QUERY, "documents": TEXTS})
-    assert response.status_code == 200, response.text
+    colqwen.check_image_query_refused(served[0], "colpali")
 
 
 def test_a_generative_paligemma_is_not_served_as_an_embedder(checkpoint, tmp_path):

@@ -72,49 +72,78 @@ def served(checkpoint):
         yield client, lambda items: reference_vectors(model, projection, folder, items)
 
 
-def test_rerank_by_max_sim_against_images_and_texts(served):
-    client, reference = served
+# what both multi-vector image retrievers (ColQwen2 here, ColPali in test_colpali.py) are held to, served as
+# `model` by `client`, against `reference` (transformers' token vectors of texts as queries and of PNGs)
+
+
+def check_rerank(client, reference, model: str) -> np.ndarray:
+    """Rerank of image and text documents by MaxSim of the query's vectors, through both routes -> the
+    raw MaxSims of the documents (two images, two texts, in IMAGES and TEXTS order, interleaved)."""
     query, *documents = reference([QUERY, IMAGES[0], TEXTS[0], IMAGES[1], TEXTS[1]])
     raw = np.array([max_sim(query, document) for document in documents])
     assert np.ptp(raw) > 100 * TOLERANCE  # the scores differ: the comparison can fail
     body = {
-        "model": "colqwen",
+        "model": model,
         "query": QUERY,
         "documents": [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]],
     }
     for route in ("/v1/rerank", "/v2/rerank"):
         response = client.post(route, json=body)
         np.testing.assert_allclose(scores_of(response), (1 + raw / len(query)) / 2, atol=TOLERANCE, rtol=0)
-    # texts alone take the ColBERT path: the query once a batch, each text scored against it
-    response = client.post("/v2/rerank", json={"model": "colqwen", "query": QUERY, "documents": TEXTS})
-    np.testing.assert_allclose(
-        scores_of(response), (1 + raw[[1, 3]] / len(query)) / 2, atol=TOLERANCE, rtol=0
-    )
+    return raw / len(query)
 
 
-def test_token_vectors_of_queries(served):
-    client, reference = served
+def check_query_vectors(client, reference, model: str) -> None:
     expected = reference([QUERY, TEXTS[0]])
-    body = {"model": "colqwen", "input": [QUERY, TEXTS[0]], "task": "token_embed", "input_type": "query"}
+    body = {"model": model, "input": [QUERY, TEXTS[0]], "task": "token_embed", "input_type": "query"}
     response = client.post("/pooling", json=body)
     assert response.status_code == 200, response.text
     for item, vectors in zip(response.json()["data"], expected):
         np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
 
 
-def test_token_vectors_of_image_documents_and_texts(served):
+def check_image_document_vectors(client, reference, model: str) -> None:
     """/pooling's token_embed of images (content parts among the texts): every token's vector of the image
     document as the processor lays it out, for indexing pages; a text beside it as a document."""
-    client, reference = served
     expected = reference([IMAGES[1], TEXTS[1], IMAGES[0]])
     parts = [{"type": "image_url", "image_url": {"url": data_uri(data)}} for data in IMAGES]
-    body = {"model": "colqwen", "input": [parts[1], TEXTS[1], parts[0]], "task": "token_embed"}
+    body = {"model": model, "input": [parts[1], TEXTS[1], parts[0]], "task": "token_embed"}
     response = client.post("/pooling", json=body)
     assert response.status_code == 200, response.text
     payload = response.json()
     for item, vectors in zip(payload["data"], expected):
         np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
     assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
+
+
+def check_image_query_refused(client, model: str) -> None:
+    """An image query is a 400 on /pooling and rerank, and the server ranks on."""
+    part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
+    body = {"model": model, "input": [part], "task": "token_embed", "input_type": "query"}
+    response = client.post("/pooling", json=body)
+    assert response.status_code == 400 and "input_type asks for queries" in response.text, response.text
+    query = {"image": data_uri(IMAGES[0])}
+    response = client.post("/v2/rerank", json={"model": model, "query": query, "documents": TEXTS})
+    assert response.status_code == 400, response.text
+    assert "the query is an image" in response.json()["message"]
+    response = client.post("/v2/rerank", json={"model": model, "query": QUERY, "documents": TEXTS})
+    assert response.status_code == 200, response.text
+
+
+def test_rerank_by_max_sim_against_images_and_texts(served):
+    client, reference = served
+    scores = check_rerank(client, reference, "colqwen")
+    # texts alone take the ColBERT path: the query once a batch, each text scored against it
+    response = client.post("/v2/rerank", json={"model": "colqwen", "query": QUERY, "documents": TEXTS})
+    np.testing.assert_allclose(scores_of(response), (1 + scores[[1, 3]]) / 2, atol=TOLERANCE, rtol=0)
+
+
+def test_token_vectors_of_queries(served):
+    check_query_vectors(*served, "colqwen")
+
+
+def test_token_vectors_of_image_documents_and_texts(served):
+    check_image_document_vectors(*served, "colqwen")
 
 
 def test_a_bulk_job_lays_texts_out_as_the_server_does(checkpoint, tmp_path):
@@ -169,14 +198,4 @@ def test_the_processor_configs_prefixes_lay_texts_out(tmp_path):
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
-    client, _ = served
-    part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
-    body = {"model": "colqwen", "input": [part], "task": "token_embed", "input_type": "query"}
-    response = client.post("/pooling", json=body)
-    assert response.status_code == 400 and "input_type asks for queries" in response.text, response.text
-    query = {"image": data_uri(IMAGES[0])}
-    response = client.post("/v2/rerank", json={"model": "colqwen", "query": query, "documents": TEXTS})
-    assert response.status_code == 400, response.text
-    assert "the query is an image" in response.json()["message"]
-    response = client.post("/v2/rerank", json={"model": "colqwen", "query": QUERY, "documents": TEXTS})
-    assert response.status_code == 200, response.text
+    check_image_query_refused(served[0], "colqwen")
