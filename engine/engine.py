@@ -73,7 +73,8 @@ class _InFlight:
 
 class Engine(EngineInterface):
     """Owns a runner, a scheduler and the worker thread between them. While batch N runs on the
-    device, the worker packs and launches batch N+1, then hands out batch N's rows."""
+    device, the worker packs and launches batch N+1, then hands out batch N's rows (on the CPU, whose
+    step computes before it returns, it hands them out first)."""
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, on_batch: BatchObserver | None = None):
         self.runner = runner
@@ -233,6 +234,9 @@ class Engine(EngineInterface):
             torch.cuda.set_device(device)  # this thread's current device starts at cuda:0
         in_flight: _InFlight | None = None
         spins = device.type == "cuda"
+        # a CPU step computes its batch before it returns: there is nothing to overlap, and launching the
+        # next batch before handing out this one's rows would hold them back by a whole batch's time
+        hands_out_first = self.runner.computes_on_launch
         while True:
             intake = self._intake
             if in_flight is not None:
@@ -250,6 +254,9 @@ class Engine(EngineInterface):
                 batch = self.scheduler.next_batch(timeout=0)
             for expired, estimate, left in self.scheduler.take_expired():
                 expired.owner.fail(BehindDeadline(estimate, left))
+            if hands_out_first and in_flight is not None:
+                self._finish(in_flight)
+                in_flight = None
             launched = self._launch(batch) if batch else None
             if launched is None and in_flight is not None and self._overlap_wait(in_flight) > 0:
                 continue  # nothing came and the batch still runs: listen again

@@ -20,6 +20,12 @@ class ModelRunner:
         self.graphs = graphs
         self.host_buffers = HostBuffers()
 
+    @property
+    def computes_on_launch(self) -> bool:
+        """Whether step() computes the batch before it returns (the CPU) rather than queue it on a device
+        that runs behind the host."""
+        return self.device.type == "cpu"
+
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """[num_tokens] packed host ids -> LazyTensor of [num_seqs, out_dim] float32 rows (a token head's:

@@ -121,6 +121,7 @@ class GatedRunner:
     """Holds the engine's worker in step() until the gate opens; records the ids of every batch."""
 
     device = torch.device("cpu")
+    computes_on_launch = True
     output = embedder_output()
 
     def __init__(self):

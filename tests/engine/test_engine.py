@@ -1,5 +1,5 @@
 """Engine with a fake runner: results reach their callers, batch N+1 launches before batch N is
-collected, a full queue is Overloaded, failures reach the caller and the engine keeps serving."""
+collected (on the CPU, after), a full queue is Overloaded, failures reach the caller and the engine keeps serving."""
 
 import asyncio
 import itertools
@@ -33,9 +33,11 @@ class FakeResult:
 
 
 class FakeRunner:
-    """Each output row is (sum of the sequence's ids, its length)."""
+    """Each output row is (sum of the sequence's ids, its length), as if from a device that runs behind the
+    host (the steps' order tells when it computed)."""
 
     device = torch.device("cpu")
+    computes_on_launch = False
     output = embedder_output(2)
 
     def __init__(self, gate: threading.Event | None = None, fail_on: int | None = None):
@@ -99,6 +101,30 @@ def test_next_batch_launches_before_the_previous_one_is_collected():
     order = runner.log
     for step in range(1, 4):
         assert order.index(("step", step)) < order.index(("result", step - 1))
+
+
+def test_on_the_cpu_a_batch_s_rows_are_handed_out_before_the_next_batch_is_computed():
+    # a CPU step computes its batch before it returns: launching batch N+1 first would hold batch N's rows
+    # back for all of N+1's time (under a backlog, a batch's time added to every request's)
+    gate = threading.Event()
+    runner = FakeRunner(gate)
+    runner.computes_on_launch = True
+    engine = make_engine(runner, max_batch_tokens=4)
+
+    async def main():
+        task = asyncio.ensure_future(engine.run([[1, 1, 1, 1]] * 4))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await task
+
+    try:
+        rows = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert rows[:, 0].tolist() == [4.0] * 4
+    order = runner.log
+    for step in range(1, 4):
+        assert order.index(("result", step - 1)) < order.index(("step", step))
 
 
 def test_full_queue_is_overloaded_and_serving_resumes():
@@ -211,6 +237,7 @@ class DeviceRunner:
     """Launches return at once; the device runs steps one after another, `seconds_per_token` a token."""
 
     device = torch.device("cpu")
+    computes_on_launch = False
     output = embedder_output(2)
 
     def __init__(self, seconds_per_token: float):
