@@ -1,5 +1,6 @@
 """Engine with a fake runner: results reach their callers, batch N+1 launches before batch N is
-collected (on the CPU, after), a full queue is Overloaded, failures reach the caller and the engine keeps serving."""
+collected (on the CPU, after), a full queue is Overloaded, failures reach the caller and the engine keeps
+serving."""
 
 import asyncio
 import itertools
