@@ -6,5 +6,7 @@ rev=$(git rev-parse --short "$1")
 rm -rf .base && mkdir .base
 git archive "$rev" | tar -x -C .base
 echo "$rev" >.base/COMMIT
-grep -qx "/.base/" .git/info/exclude || echo "/.base/" >>.git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qsx "/.base/" "$exclude" || echo "/.base/" >>"$exclude"
 echo ".base: $rev"
