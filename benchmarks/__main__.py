@@ -4,11 +4,12 @@ suites (latency, scoring, throughput, concurrency) one after another; `... rende
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import time
 
-from benchmarks.records import SuiteOutcome, append_records
+from benchmarks.records import SuiteOutcome, append_records, results_path
 from benchmarks.render import render
 
 # suite name -> module with `run(options: argparse.Namespace) -> SuiteOutcome`; imported only when run
@@ -76,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for suite in suites:
         suite_started = time.perf_counter()
+        # suites of cases append each case's records as it ends (run_cases); the others', here at the end
+        append = None if options.no_record else functools.partial(append_records, suite)
         outcome: SuiteOutcome = importlib.import_module(SUITES[suite]).run(
-            argparse.Namespace(**{**vars(options), "suite": suite})
+            argparse.Namespace(**{**vars(options), "suite": suite, "append": append})
         )
         print(f"{suite}: {time.perf_counter() - suite_started:.0f} s")
-        if not options.no_record:
-            print(f"appended {len(outcome.records)} records to {append_records(suite, outcome.records)}")
+        if append is not None:
+            path = results_path(suite) if outcome.appended else append(outcome.records)
+            print(f"appended {len(outcome.records)} records to {path}")
         failures += [f"{suite}: {failure}" for failure in outcome.failures]
     if len(suites) > 1:
         print(f"all: {time.perf_counter() - started:.0f} s")

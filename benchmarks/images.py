@@ -339,4 +339,4 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
 
     shapes = getattr(options, "shapes", None)
     cases = [case for case in CASES if shapes is None or case in shapes.split(",")]
-    return run_cases(cases, str, measure, getattr(options, "smoke", False))
+    return run_cases(cases, str, measure, getattr(options, "smoke", False), getattr(options, "append", None))

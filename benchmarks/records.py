@@ -71,6 +71,7 @@ class RunContext:
 class SuiteOutcome:
     records: list[Record]
     failures: list[str]  # guard violations; any makes `python -m benchmarks SUITE` exit non-zero
+    appended: bool = False  # its records were appended case by case as they were measured (run_cases)
 
 
 def run_cases(
@@ -78,10 +79,12 @@ def run_cases(
     name_of: Callable[[Any], str],
     measure: Callable[[Any, str, str | None, bool], tuple[list[Record], str | None]],
     smoke: bool,
+    append: Callable[[list[Record]], object] | None = None,
 ) -> SuiteOutcome:
     """A suite of cases on CUDA (on the CPU with `smoke`): `measure(case, device, gpu, smoke)` gives its
     records and a failure (or None); a case that raises fails alone and the next one runs; memory is
-    freed between cases."""
+    freed between cases. `append` takes each case's records as it ends, so that a run cut short (a GPU
+    call's time limit) keeps the cases it finished."""
     import gc
 
     import torch
@@ -99,10 +102,12 @@ def run_cases(
             if device == "cuda":
                 torch.cuda.empty_cache()
         records += measured
+        if append is not None and measured:
+            append(measured)
         if failure:
             failures.append(f"{name_of(case)}: {failure}")
             print(failures[-1])
-    return SuiteOutcome(records, failures)
+    return SuiteOutcome(records, failures, appended=append is not None)
 
 
 def engine_backend(engine) -> str:
@@ -148,9 +153,13 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def results_path(suite: str) -> Path:
+    return RESULTS_DIR / f"{suite}.jsonl"
+
+
 def append_records(suite: str, records: list[Record]) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{suite}.jsonl"
+    path = results_path(suite)
     with path.open("a", encoding="utf-8") as file:
         for record in records:
             file.write(record.to_json() + "\n")

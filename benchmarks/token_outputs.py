@@ -181,7 +181,8 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     def measure(case, device: str, gpu: str | None, smoke: bool):
         return measure_case(case, options, device, gpu, smoke)
 
-    return run_cases(CASES, lambda case: case.name, measure, getattr(options, "smoke", False))
+    smoke, append = getattr(options, "smoke", False), getattr(options, "append", None)
+    return run_cases(CASES, lambda case: case.name, measure, smoke, append)
 
 
 def measure_case(case: Case, options, device: str, gpu: str | None, smoke: bool) -> tuple[list[Record], str]:
