@@ -21,6 +21,9 @@ from api.tokenize import TextEncoder
 from api.tokenizer_pool import StartBy
 from engine.inline_images import image_entry
 
+# a request's images are decoded in up to this many parts a thread (one image a part where they are fewer)
+PARTS_PER_THREAD = 4
+
 
 @dataclass(frozen=True, slots=True)
 class ImageInput:
@@ -243,7 +246,10 @@ async def decode_all(pool, work, sources: list[str], start_by: StartBy | None = 
     """The images' patches, decoded on the model's image threads, each part started by `start_by`; the
     first failure (in order) is raised."""
     joined: list[np.ndarray] = []
-    for part in await pool.map(work, sources, start_by):
+    # small parts, the largest first: an image takes milliseconds and images differ in size, and a part a
+    # thread would leave the threads given small images idle while one works through large ones
+    part_size = -(-len(sources) // (PARTS_PER_THREAD * pool.num_threads))
+    for part in await pool.map(work, sources, start_by, part_size):
         if isinstance(part, BaseException):
             raise part
         joined += part

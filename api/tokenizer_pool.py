@@ -99,23 +99,26 @@ class TokenizerPool:
         work: Callable[[Sequence[str], int], T],
         texts: Sequence[str],
         start_by: StartBy | None = None,
+        part_size: int | None = None,
     ) -> list[T | BaseException]:
-        """`work(part, index of its first text)` on num_threads consecutive parts of `texts` at once, each
-        part's result (or its error) in order; a part that would start after `start_by` is refused
-        (TokenizerBehind) without being worked on."""
+        """`work(part, index of its first text)` on consecutive parts of `texts` at once: num_threads parts,
+        or parts of `part_size` texts (then the longest first, so that the threads, taking the next part as
+        each is free, end together), each part's result (or its error) in order; a part that would start
+        after `start_by` is refused (TokenizerBehind) without being worked on."""
         loop = asyncio.get_running_loop()
-        size = -(-len(texts) // self.num_threads)
+        size = part_size or -(-len(texts) // self.num_threads)
         parts = [(texts[start : start + size], start) for start in range(0, len(texts), size)]
         sizes = [sum(map(len, part)) for part, _ in parts]
         with self._lock:
             self._queued_chars += sum(sizes)
-        return await asyncio.gather(
-            *(
-                loop.run_in_executor(self._threads, self._run, work, part, first, num_chars, start_by)
-                for (part, first), num_chars in zip(parts, sizes)
-            ),
-            return_exceptions=True,
+        order = (
+            range(len(parts)) if part_size is None else sorted(range(len(parts)), key=sizes.__getitem__)[::-1]
         )
+        running = {
+            index: loop.run_in_executor(self._threads, self._run, work, *parts[index], sizes[index], start_by)
+            for index in order
+        }
+        return await asyncio.gather(*(running[index] for index in range(len(parts))), return_exceptions=True)
 
     def _run(
         self,

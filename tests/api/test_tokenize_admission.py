@@ -246,3 +246,24 @@ def test_image_decoding_behind_a_busy_queue_is_refused_before_it_waits():
     asyncio.run(scenario())  # (decoded, its "y"s would be a 400 of bad base64, not a 429)
     assert pool.queued_chars == 0
     pool.close()
+
+
+def test_parts_of_a_given_size_start_largest_first_and_come_back_in_order():
+    # one thread takes the parts one at a time: images of different sizes in parts of one start largest
+    # first, so that threads taking the next part as each is free end together
+    pool = TokenizerPool(1)
+    started: list[str] = []
+
+    def work(part, first):
+        started.extend(part)
+        return [(first + offset, text) for offset, text in enumerate(part)]
+
+    texts = ["bb", "dddd", "a", "ccc"]
+    try:
+        results = asyncio.run(pool.map(work, texts, part_size=1))
+        assert results == [[(0, "bb")], [(1, "dddd")], [(2, "a")], [(3, "ccc")]]
+        assert started == ["dddd", "ccc", "bb", "a"]
+        started.clear()
+        assert asyncio.run(pool.map(work, texts)) == [[(0, "bb"), (1, "dddd"), (2, "a"), (3, "ccc")]]
+    finally:
+        pool.close()
