@@ -142,7 +142,7 @@ async def max_sim_scores(
     for index, item in enumerate(items):
         grid = next(grids) if isinstance(item, ImageInput) else None
         if grid is None:
-            documents.append(late.document_ids(next(ids)[: reads[1]]))
+            documents.append(late.document_ids(late.cut(next(ids), reads[1])))
         else:
             documents.append(image_document(model, [before, after], grid, f"documents[{index}]"))
         document_images.append(grid)

@@ -123,7 +123,11 @@ class Server:
                 spec.text_padding,
                 spec.input_layout,
             )
-            late = LateInteraction(spec.colbert, encoder.single) if spec.colbert is not None else None
+            late = (
+                LateInteraction.build(spec.colbert, encoder.single, encoder.content_ids)
+                if spec.colbert is not None
+                else None
+            )
             image_pool = TokenizerPool(self.config.image_threads) if spec.images is not None else None
             served.append(
                 ServedModel(

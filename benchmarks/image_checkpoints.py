@@ -344,8 +344,8 @@ COLPALI_IMAGE = "{}<bos>Describe the image.\n"
 
 def colpali_vectors(model, folder: Path, items) -> list:
     """transformers' ColPali token vectors ([tokens, dim] float32 arrays) of each item, a text laid out as a
-    query, PNG bytes as an image document, each run alone as ColPaliProcessor gives it (token_type_ids of
-    zeros: every token attends to every other)."""
+    query, PNG bytes as an image document, a list the token ids of a text laid out already, each run alone
+    as ColPaliProcessor gives it (token_type_ids of zeros: every token attends to every other)."""
     import io
 
     from PIL import Image
@@ -359,11 +359,13 @@ def colpali_vectors(model, folder: Path, items) -> list:
         inputs = {}
         if isinstance(item, str):
             text = COLPALI_QUERY.format(item)
-        else:
+        elif isinstance(item, bytes):
             pixels = processor(images=[Image.open(io.BytesIO(item)).convert("RGB")], return_tensors="pt")
             inputs["pixel_values"] = pixels["pixel_values"]
             text = COLPALI_IMAGE.format("<image>" * processor.image_seq_length)
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
+        ids = torch.tensor(
+            [item if isinstance(item, list) else tokenizer.encode(text, add_special_tokens=False).ids]
+        )
         with torch.inference_mode():
             output = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), **inputs)
         vectors.append(output.embeddings[0].numpy())

@@ -6,7 +6,7 @@ summed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,21 @@ NO_TEMPLATE = SingleTemplate(Piece((), ()), Piece((), ()))
 class LateInteraction:
     config: ColbertConfig
     single: SingleTemplate
+    # the tokens a processor's text layout closes a text with (ColQwen2's and ColPali's ten pads and a
+    # newline): a text cut to a length keeps them
+    closing_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        config: ColbertConfig,
+        single: SingleTemplate,
+        content_ids: Callable[[Sequence[str]], list[list[int]]],
+    ) -> LateInteraction:
+        """The model's late interaction, its layout's closing tokens read with its tokenizer's
+        `content_ids`."""
+        layout = config.text_layout
+        return cls(config, single, () if layout is None else tuple(content_ids([layout.query_suffix])[0]))
 
     @property
     def template(self) -> SingleTemplate:
@@ -70,9 +85,18 @@ class LateInteraction:
         )
         return length - self.template.num_special_tokens - (marker is not None)
 
+    def cut(self, ids: Sequence[int], limit: int) -> list[int]:
+        """A laid-out text's `ids` cut to `limit` tokens, its layout's closing tokens kept at the end."""
+        closing = self.closing_ids
+        if len(ids) <= limit:
+            return list(ids)
+        if closing and limit > len(closing) and tuple(ids[-len(closing) :]) == closing:
+            return [*ids[: limit - len(closing)], *closing]
+        return list(ids[:limit])
+
     def _laid_out(self, content: Sequence[int], length: int, marker: int | None) -> list[int]:
         room = length - self.template.num_special_tokens - (marker is not None)
-        ids = self.template.apply(content[:room])
+        ids = self.template.apply(self.cut(content, room))
         if marker is not None:
             ids.insert(1, marker)  # after [CLS], as PyLate and colbert-ai place it
         return ids

@@ -72,8 +72,9 @@ async def rerank_scores(
     chunks: list[Sequence[int]] = []
     owners: list[int] = []
     for index, ids in enumerate(docs_ids):
-        if options.max_tokens_per_doc is not None:
-            ids = ids[: options.max_tokens_per_doc]
+        if options.max_tokens_per_doc is not None:  # a layout's closing tokens kept (LateInteraction.cut)
+            limit = options.max_tokens_per_doc
+            ids = ids[:limit] if late is None else late.cut(ids, limit)
         doc_chunks = split_into_chunks(ids, chunk_len, options.max_chunks_per_doc, model.document_lead)
         chunks.extend(doc_chunks)
         owners.extend([index] * len(doc_chunks))

@@ -57,7 +57,7 @@ class Tokenization:
             prompted_encoder, prompted = encoder.prompted(texts, self.prompt)
             return prompted_encoder.encode(prompted, self.window, True)
         prompted = [self.prompt + text for text in texts] if self.prompt else texts
-        late = LateInteraction(self.colbert, encoder.single)
+        late = LateInteraction.build(self.colbert, encoder.single, encoder.content_ids)
         layout = late.query_ids if self.is_query else late.document_ids
         bounded = encoder.bounded(prompted, late.content_room(self.is_query))
         laid_out = [late.laid_out_text(text, self.is_query) for text in bounded]  # ColQwen2's text layout

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from api.app import create_app
 from api.config import ServerConfig
-from benchmarks.image_checkpoints import colpali_checkpoint, colpali_vectors
+from benchmarks.image_checkpoints import COLPALI_QUERY, colpali_checkpoint, colpali_vectors
 from tests.api import test_colqwen as colqwen
 
 # weights of half the usual noise: at 0.2 this tiny net amplifies the image processor's float rounding of
@@ -71,6 +71,10 @@ def test_the_hubs_weight_names_load(checkpoint, tmp_path):
     loaded = load_model(resolve_model(str(hub)), "cpu", torch.float32, select_backend("torch", "cpu"))
     theirs = model.vlm.vision_tower.embeddings.position_embedding.weight.detach().numpy()
     np.testing.assert_array_equal(loaded.backbone.vision.positions.weight.detach().numpy(), theirs)
+
+
+def test_a_long_text_document_cut_to_max_tokens_per_doc_keeps_its_closing_tokens(served, checkpoint):
+    colqwen.check_long_text_cut_keeps_its_closing_tokens(*served, "colpali", checkpoint[0], COLPALI_QUERY)
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):

@@ -29,8 +29,9 @@ IMAGE_LAYOUT = "<|im_start|>user\n{}Describe the image.<|im_end|><|endoftext|>"
 
 
 def reference_vectors(model, projection, folder, items, query_layout=QUERY_LAYOUT) -> list[np.ndarray]:
-    """colpali-engine's token vectors of each item, a text laid out as a query, a PNG as an image document:
-    Qwen2-VL's last hidden states (its M-RoPE positions from the image's grid), projected, normalized."""
+    """colpali-engine's token vectors of each item, a text laid out as a query, a PNG as an image document,
+    a list the token ids of a text laid out already: Qwen2-VL's last hidden states (its M-RoPE positions
+    from the image's grid), projected, normalized."""
     from tokenizers import Tokenizer
     from transformers import AutoImageProcessor
 
@@ -41,12 +42,14 @@ def reference_vectors(model, projection, folder, items, query_layout=QUERY_LAYOU
         inputs = {}
         if isinstance(item, str):
             text = query_layout.format(item)
-        else:
+        elif isinstance(item, bytes):
             pixels = processor(images=[Image.open(io.BytesIO(item))], return_tensors="pt")
             inputs = {"pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"]}
             pads = "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4)
             text = IMAGE_LAYOUT.format(f"<|vision_start|>{pads}<|vision_end|>")
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])
+        ids = torch.tensor(
+            [item if isinstance(item, list) else tokenizer.encode(text, add_special_tokens=False).ids]
+        )
         if inputs:
             inputs["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
         with torch.inference_mode():
@@ -114,6 +117,28 @@ def check_image_document_vectors(client, reference, model: str) -> None:
     for item, vectors in zip(payload["data"], expected):
         np.testing.assert_allclose(np.array(item["data"]), vectors, atol=TOLERANCE, rtol=0)
     assert payload["usage"]["prompt_tokens"] == sum(len(vectors) for vectors in expected)
+
+
+def check_long_text_cut_keeps_its_closing_tokens(client, reference, model: str, folder, layout: str) -> None:
+    """A text document past max_tokens_per_doc is cut to it as the processor lays it out, its closing
+    tokens (ten pads and a newline) kept at the end: its vectors are those of the cut text's tokens before
+    them, then the closing's; cut plainly, they would be all the text's."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    document, max_tokens = " ".join(TEXTS * 20), 24
+    laid_out = tokenizer.encode(layout.format(document), add_special_tokens=False).ids
+    closing = tokenizer.encode(layout.split("{}")[1], add_special_tokens=False).ids
+    assert len(closing) == 11 and laid_out[-len(closing) :] == closing and len(laid_out) > 4 * max_tokens
+    cut = laid_out[: max_tokens - len(closing)] + closing
+    query, kept, plain = reference([QUERY, cut, laid_out[:max_tokens]])
+    expected = (1 + max_sim(query, kept) / len(query)) / 2
+    assert abs(expected - (1 + max_sim(query, plain) / len(query)) / 2) > 100 * TOLERANCE
+    # texts alone and beside an image take two paths (scoring/rerank.py, api/image_rerank.py)
+    for documents in ([document], [document, {"image": data_uri(IMAGES[0])}]):
+        body = {"model": model, "query": QUERY, "documents": documents, "max_tokens_per_doc": max_tokens}
+        response = client.post("/v2/rerank", json=body)
+        np.testing.assert_allclose(scores_of(response)[0], expected, atol=TOLERANCE, rtol=0)
 
 
 def check_image_query_refused(client, model: str) -> None:
@@ -195,6 +220,10 @@ def test_the_processor_configs_prefixes_lay_texts_out(tmp_path):
     (folder / "processor_config.json").write_text(json.dumps({"visual_prompt_prefix": "Describe it."}))
     with pytest.raises(UnsupportedModel, match="visual prompt"):
         resolve_model(str(folder))
+
+
+def test_a_long_text_document_cut_to_max_tokens_per_doc_keeps_its_closing_tokens(served, checkpoint):
+    check_long_text_cut_keeps_its_closing_tokens(*served, "colqwen", checkpoint[0], QUERY_LAYOUT)
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
