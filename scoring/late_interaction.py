@@ -1,8 +1,8 @@
 """Late interaction (ColBERT, ColQwen2): how a query's and a document's tokens are laid out (a marker after
 the first special token, cut to the model's lengths, a query expanded with its mask token; or a text layout
-around them, as ColQwen2's processor writes it, an image document's too), which of a document's token
-vectors count (its punctuation's do not), and MaxSim: each query vector's best match among a document's,
-summed."""
+around them, as ColQwen2's processor writes it, an image document's too, a cut keeping its closing
+tokens), which of a document's token vectors count (its punctuation's do not), and MaxSim: each query
+vector's best match among a document's, summed."""
 
 from __future__ import annotations
 
