@@ -111,9 +111,9 @@ class TokenizerPool:
         sizes = [sum(map(len, part)) for part, _ in parts]
         with self._lock:
             self._queued_chars += sum(sizes)
-        order = (
-            range(len(parts)) if part_size is None else sorted(range(len(parts)), key=sizes.__getitem__)[::-1]
-        )
+        order = range(len(parts))
+        if part_size is not None:
+            order = sorted(order, key=sizes.__getitem__, reverse=True)
         running = {
             index: loop.run_in_executor(self._threads, self._run, work, *parts[index], sizes[index], start_by)
             for index in order

@@ -87,9 +87,9 @@ class LateInteraction:
 
     def cut(self, ids: Sequence[int], limit: int) -> list[int]:
         """A laid-out text's `ids` cut to `limit` tokens, its layout's closing tokens kept at the end."""
-        closing = self.closing_ids
         if len(ids) <= limit:
             return list(ids)
+        closing = self.closing_ids
         if closing and limit > len(closing) and tuple(ids[-len(closing) :]) == closing:
             return [*ids[: limit - len(closing)], *closing]
         return list(ids[:limit])
