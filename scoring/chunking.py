@@ -8,13 +8,24 @@ import numpy as np
 
 
 def split_into_chunks(
-    ids: Sequence[int], chunk_len: int, max_chunks: int | None = None, lead: Sequence[int] = ()
+    ids: Sequence[int],
+    chunk_len: int,
+    max_chunks: int | None = None,
+    lead: Sequence[int] = (),
+    closing: Sequence[int] = (),
 ) -> list[Sequence[int]]:
     """Consecutive windows of at most `chunk_len` tokens; an empty document is one empty chunk. `lead`:
     the tokens a document's text starts with (its prompt, a template's ">:"); every chunk after the first
-    starts with them too, as the first does, where they leave room for a token of the document."""
+    starts with them too, as the first does, where they leave room for a token of the document. `closing`:
+    the tokens a laid-out text ends with (ColQwen2's ten pads and a newline); where the document ends with
+    them, every chunk before the last ends with them too, where they leave room for a token of it."""
     if chunk_len < 1:
         raise ValueError("chunk_len must be at least 1")
+    closing = tuple(closing)
+    if closing and len(ids) > chunk_len and chunk_len > len(lead) + len(closing):
+        if tuple(ids[-len(closing) :]) == closing:
+            body = split_into_chunks(ids[: -len(closing)], chunk_len - len(closing), max_chunks, lead)
+            return [[*chunk, *closing] for chunk in body]
     if chunk_len <= len(lead):
         lead = ()
     step = chunk_len - len(lead)  # the first chunk holds its lead already

@@ -75,7 +75,10 @@ async def rerank_scores(
         if options.max_tokens_per_doc is not None:  # a layout's closing tokens kept (LateInteraction.cut)
             limit = options.max_tokens_per_doc
             ids = ids[:limit] if late is None else late.cut(ids, limit)
-        doc_chunks = split_into_chunks(ids, chunk_len, options.max_chunks_per_doc, model.document_lead)
+        closing = () if late is None else late.closing_ids
+        doc_chunks = split_into_chunks(
+            ids, chunk_len, options.max_chunks_per_doc, model.document_lead, closing
+        )
         chunks.extend(doc_chunks)
         owners.extend([index] * len(doc_chunks))
         if len(chunks) > MAX_CHUNKS_PER_REQUEST:

@@ -77,6 +77,10 @@ def test_a_long_text_document_cut_to_max_tokens_per_doc_keeps_its_closing_tokens
     colqwen.check_long_text_cut_keeps_its_closing_tokens(*served, "colpali", checkpoint[0], COLPALI_QUERY)
 
 
+def test_a_text_document_past_the_window_ranks_by_chunks_laid_out_as_texts(served, checkpoint):
+    colqwen.check_long_text_chunks_keep_their_layout(*served, "colpali", checkpoint[0], COLPALI_QUERY)
+
+
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
     colqwen.check_image_query_refused(served[0], "colpali")
 

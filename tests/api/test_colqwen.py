@@ -7,6 +7,7 @@ rerank by MaxSim against image and text documents; /pooling's token vectors of q
 documents; an image query is a 400."""
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -141,6 +142,39 @@ def check_long_text_cut_keeps_its_closing_tokens(client, reference, model: str, 
         np.testing.assert_allclose(scores_of(response)[0], expected, atol=TOLERANCE, rtol=0)
 
 
+def check_long_text_chunks_keep_their_layout(client, reference, model: str, folder, layout: str) -> None:
+    """A text document past the window is ranked by its best chunk, each chunk laid out as the processor
+    lays out a text: the layout's opening (its lead) before it, its closing tokens after it."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    window = json.loads((folder / "config.json").read_text())
+    window = (window.get("vlm_config") or window)["text_config"]["max_position_embeddings"]
+    opening, ending = layout.split("{}")
+    lead = tokenizer.encode(opening.rstrip(), add_special_tokens=False).ids
+    closing = tokenizer.encode(ending, add_special_tokens=False).ids
+    document = " ".join(TEXTS * 40)
+    laid_out = tokenizer.encode(layout.format(document), add_special_tokens=False).ids
+    assert 2 * window < len(laid_out) < 3 * window and laid_out[-len(closing) :] == closing
+    body, room = laid_out[: -len(closing)], window - len(closing)
+    step = room - len(lead)
+    chunks = [body[:room], *(lead + body[start : start + step] for start in range(room, len(body), step))]
+    plain = [
+        laid_out[:window],
+        *(
+            lead + laid_out[s : s + window - len(lead)]
+            for s in range(window, len(laid_out), window - len(lead))
+        ),
+    ]
+    query, *vectors = reference([QUERY, *(chunk + closing for chunk in chunks), *plain])
+    scores = [max_sim(query, chunk) for chunk in vectors]
+    expected = (1 + max(scores[: len(chunks)]) / len(query)) / 2
+    assert abs(expected - (1 + max(scores[len(chunks) :]) / len(query)) / 2) > 100 * TOLERANCE
+    for route in ("/v1/rerank", "/v2/rerank"):
+        response = client.post(route, json={"model": model, "query": QUERY, "documents": [document]})
+        np.testing.assert_allclose(scores_of(response)[0], expected, atol=TOLERANCE, rtol=0)
+
+
 def check_image_query_refused(client, model: str) -> None:
     """An image query is a 400 on /pooling and rerank, and the server ranks on."""
     part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
@@ -224,6 +258,10 @@ def test_the_processor_configs_prefixes_lay_texts_out(tmp_path):
 
 def test_a_long_text_document_cut_to_max_tokens_per_doc_keeps_its_closing_tokens(served, checkpoint):
     check_long_text_cut_keeps_its_closing_tokens(*served, "colqwen", checkpoint[0], QUERY_LAYOUT)
+
+
+def test_a_text_document_past_the_window_ranks_by_chunks_laid_out_as_texts(served, checkpoint):
+    check_long_text_chunks_keep_their_layout(*served, "colqwen", checkpoint[0], QUERY_LAYOUT)
 
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):

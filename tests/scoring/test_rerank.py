@@ -31,6 +31,19 @@ def test_split_into_chunks():
     assert split_into_chunks([8, 9, 1], 4, lead=(8, 9)) == [[8, 9, 1]]
     # a lead that leaves no room for the document's tokens is not repeated
     assert split_into_chunks([8, 9, 1, 2, 3], 2, lead=(8, 9)) == [[8, 9], [1, 2], [3]]
+    # a laid-out text's closing tokens (0 0 here) end each chunk before the last too
+    closing = (0, 0)
+    assert split_into_chunks([8, 9, 1, 2, 3, 4, 0, 0], 5, lead=(8, 9), closing=closing) == [
+        [8, 9, 1, 0, 0],
+        [8, 9, 2, 0, 0],
+        [8, 9, 3, 0, 0],
+        [8, 9, 4, 0, 0],
+    ]
+    assert split_into_chunks([1, 2, 3, 0, 0], 4, max_chunks=1, closing=closing) == [[1, 2, 0, 0]]
+    assert split_into_chunks([1, 2, 0, 0], 4, closing=closing) == [[1, 2, 0, 0]]  # fits: one chunk
+    # not where the text does not end with them, nor where they leave no room
+    assert split_into_chunks([1, 2, 3, 4], 3, closing=closing) == [[1, 2, 3], [4]]
+    assert split_into_chunks([1, 2, 0, 0], 2, closing=closing) == [[1, 2], [0, 0]]
 
 
 def test_a_documents_lead_is_its_laid_out_text_before_it():
