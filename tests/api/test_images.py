@@ -148,6 +148,7 @@ def ppm() -> bytes:
         (data_uri(ppm(), "x-portable-pixmap"), "supported format"),
         ("data:text/plain;base64,aGVsbG8=", "not an image"),
         ("data:image/png;base64,***", "base64"),
+        ("data:image/png;base64" + "A" * 64, "must be base64"),  # no comma
         ("https://example.com/cat.png", "--allow-image-urls"),
     ],
 )
