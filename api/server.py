@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from api.allocator import keep_freed_memory
 from api.config import ServerConfig
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
@@ -128,7 +129,10 @@ class Server:
                 if spec.colbert is not None
                 else None
             )
-            image_pool = TokenizerPool(self.config.image_threads) if spec.images is not None else None
+            image_pool = None
+            if spec.images is not None:
+                image_pool = TokenizerPool(self.config.image_threads)
+                keep_freed_memory()  # its threads' buffers reused, not faulted in anew an image
             served.append(
                 ServedModel(
                     names=names,
