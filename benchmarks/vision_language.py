@@ -101,16 +101,13 @@ def measure_vision_language(
             for data in encoded
         ]
         preprocess_s = time.perf_counter() - started
-        sequences = [
-            single.apply(
-                [
-                    config.vision_start,
-                    *[config.image_token_id] * layout.tokens_of(g.shape[:2]),
-                    config.vision_end,
-                ]
-            )
-            for g in grids
-        ]
+
+        def layout_ids(rows: int, columns: int) -> list[int]:
+            """An image's sequence from its grid of patches: its vision tokens in the chat layout."""
+            tokens = [config.vision_start, *[config.image_token_id] * layout.tokens_of((rows, columns))]
+            return single.apply([*tokens, config.vision_end])
+
+        sequences = [layout_ids(*g.shape[:2]) for g in grids]
         engine = build_engine(spec, serving_config(device, dtype, options.backend))
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
         loop = asyncio.new_event_loop()
@@ -119,29 +116,27 @@ def measure_vision_language(
             return loop.run_until_complete(engine.run(sequences, rows=RowRequest(images=grids)))
 
         def reference_inputs(start: int, model_dtype):
-            """A batch of the processor's inputs: the same ids right-padded, its two temporal copies of
-            each image's normalized patches (in merge order), grids, the image tokens' mask."""
+            """A batch of the processor's inputs: the same ids, its two temporal copies of each image's
+            normalized patches (in merge order), grids."""
             part = range(start, min(start + REFERENCE_BATCH, count))
-            longest = max(len(sequences[i]) for i in part)
-            ids = torch.full((len(part), longest), config.image_token_id + 1)  # a text token as padding
-            mask = torch.zeros((len(part), longest), dtype=torch.int64)
             frames = []
-            for row, i in enumerate(part):
-                ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-                mask[row, : len(sequences[i])] = 1
+            for i in part:
                 ordered = inline_images(
                     np.array([0, len(sequences[i])]), np.asarray(sequences[i]), [grids[i]],
                     config.image_token_id, layout.merge,
                 ).patches[0]  # fmt: skip
                 values = normalized(ordered.reshape(len(ordered), 3, 1, -1), layout)
                 frames.append(np.repeat(values, 2, axis=2).reshape(len(values), -1))
+            pixel_values = torch.from_numpy(np.concatenate(frames))
             grid_thw = torch.tensor([[1, *grids[i].shape[:2]] for i in part])
-            return {
-                "input_ids": ids.to(device), "attention_mask": mask.to(device),
-                "pixel_values": torch.from_numpy(np.concatenate(frames)).to(device, model_dtype),
-                "image_grid_thw": grid_thw.to(device),
-                "mm_token_type_ids": (ids == config.image_token_id).int().to(device),
-            }  # fmt: skip
+            return padded_inputs(
+                [sequences[i] for i in part],
+                config.image_token_id,
+                pixel_values,
+                grid_thw,
+                device,
+                model_dtype,
+            )
 
         batches = {
             model_dtype: [reference_inputs(start, model_dtype) for start in range(0, count, REFERENCE_BATCH)]
@@ -149,12 +144,7 @@ def measure_vision_language(
         }
 
         def transformers_embed(model, model_dtype):
-            rows = []
-            with torch.inference_mode():
-                for inputs in batches[model_dtype]:
-                    hidden = model.model(**inputs).last_hidden_state
-                    last = inputs["attention_mask"].sum(1) - 1
-                    rows.append(hidden[torch.arange(len(last), device=device), last])
+            rows = [last_token_rows(model, inputs) for inputs in batches[model_dtype]]
             return F.normalize(torch.cat(rows).float(), dim=-1).cpu().numpy()
 
         reference = reference.to(device)
@@ -166,12 +156,6 @@ def measure_vision_language(
         theirs_s = statistics.median(timed(lambda: transformers_embed(half, dtype), rounds + 1, device)[1:])
         engine.stop()
         loop.close()
-
-        def layout_ids(rows: int, columns: int) -> list[int]:
-            """An image's sequence from its grid of patches, as the engine case lays it out."""
-            tokens = [config.vision_start, *[config.image_token_id] * layout.tokens_of((rows, columns))]
-            return single.apply([*tokens, config.vision_end])
-
         http = measure_http(folder, encoded, half, layout_ids, expected, device, dtype, rounds, smoke)
     tokens = sum(map(len, sequences))
     records = [
@@ -206,7 +190,33 @@ def measure_vision_language(
 
 
 HTTP_BATCH, HTTP_CLIENTS = 16, 4
-SERVER_STAGES = ("total", "tokenization", "queue", "inference")
+
+
+def padded_inputs(sequences, image_token: int, pixel_values, grid_thw, device, dtype) -> dict:
+    """transformers' Qwen2-VL inputs of a batch: the sequences right-padded (with a text token), their
+    images' pixels (in `dtype`) and grids, the image tokens' mask."""
+    import torch
+
+    ids = torch.full((len(sequences), max(map(len, sequences))), image_token + 1)
+    mask = torch.zeros(ids.shape, dtype=torch.int64)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+    return {
+        "input_ids": ids.to(device), "attention_mask": mask.to(device),
+        "pixel_values": pixel_values.to(device, dtype), "image_grid_thw": grid_thw.to(device),
+        "mm_token_type_ids": (ids == image_token).int().to(device),
+    }  # fmt: skip
+
+
+def last_token_rows(model, inputs: dict):
+    """The model's last hidden state at each sequence's last token (where the embedders pool)."""
+    import torch
+
+    with torch.inference_mode():
+        hidden = model.model(**inputs).last_hidden_state
+        last = inputs["attention_mask"].sum(1) - 1
+        return hidden[torch.arange(len(last), device=hidden.device), last]
 
 
 def measure_http(
@@ -228,6 +238,7 @@ def measure_http(
     from PIL import Image
     from transformers import AutoImageProcessor
 
+    from benchmarks.images import JSON, SERVER_STAGES
     from benchmarks.live_server import serve
 
     parts = [
@@ -248,9 +259,7 @@ def measure_http(
     timings: list[dict[str, float]] = []
 
     def embed(index: int) -> None:
-        response = client.post(
-            "/v1/embeddings", content=bodies[index], headers={"content-type": "application/json"}
-        )
+        response = client.post("/v1/embeddings", content=bodies[index], headers=JSON)
         response.raise_for_status()
         timings.append({stage: float(response.headers[f"x-{stage}-time"]) for stage in SERVER_STAGES})
         rows = [np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in response.json()["data"]]
@@ -277,23 +286,13 @@ def measure_http(
             inputs = processor(images=images, return_tensors="pt")
             grid_thw = inputs["image_grid_thw"]
             sequences = [layout_ids(int(rows_), int(columns)) for _, rows_, columns in grid_thw.tolist()]
-            longest = max(map(len, sequences))
             image_token = model.config.image_token_id
-            ids = torch.full((len(sequences), longest), image_token + 1)  # a text token as padding
-            mask = torch.zeros((len(sequences), longest), dtype=torch.int64)
-            for row, sequence in enumerate(sequences):
-                ids[row, : len(sequence)] = torch.tensor(sequence)
-                mask[row, : len(sequence)] = 1
-            batch = {
-                "input_ids": ids.to(device), "attention_mask": mask.to(device),
-                "pixel_values": inputs["pixel_values"].to(device, dtype),
-                "image_grid_thw": grid_thw.to(device),
-                "mm_token_type_ids": (ids == image_token).int().to(device),
-            }  # fmt: skip
-            with torch.inference_mode():
-                hidden = model.model(**batch).last_hidden_state
-                last = mask.sum(1).to(device) - 1
-                rows.append(hidden[torch.arange(len(last), device=device), last])
+            pixel_values = inputs["pixel_values"]
+            rows.append(
+                last_token_rows(
+                    model, padded_inputs(sequences, image_token, pixel_values, grid_thw, device, dtype)
+                )
+            )
         return F.normalize(torch.cat(rows).float(), dim=-1).cpu()
 
     theirs_s = statistics.median(timed(transformers_embed, rounds, device))
