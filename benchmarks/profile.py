@@ -5,7 +5,10 @@ suite's 5 and 50 pairs of 512 tokens, on the Qwen3-0.6B shape at one text of 128
 and at 50 x 512 (the judge's body), on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
 at its 100 mixed texts in one batch, or on the images suite's dual encoders (clip-vit-b16,
 siglip-base-p16) at 32 images and at a full 16k-token batch of them: the host's share (pack, step,
-wait), a graph replay alone, and every GPU kernel and copy of one step (count, summed time)."""
+wait), a graph replay alone, and every GPU kernel and copy of one step (count, summed time); or on the
+images suite's vision-language embedders (qwen2-vl-2b, qwen3-vl-2b) at its 64 images in one request: its
+wall time, and its kernels and its operators by input shape (a GEMM's shapes tell the vision tower's from
+the decoder's)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ def main(argv: list[str]) -> None:
     images: dict[str, list] = {}
     shape = argv[0] if argv else "bert-base"
     backend = argv[1] if len(argv) > 1 else "auto"
+    if "-vl-" in shape:
+        profile_vision_language(shape, backend)
+        return
     quantization = argv[2] if len(argv) > 2 else "none"
     chosen = argv[3].split(",") if len(argv) > 3 else None
     max_batch_tokens = 32768  # the scoring suite's: 50 pairs of 512 tokens in one graph
@@ -128,6 +134,60 @@ def main(argv: list[str]) -> None:
                 print(f"   {sum(times) / 5:8.1f} us/step  {len(times) / 5:5.1f}x  {kernel}")
     finally:
         engine.stop()
+
+
+def profile_vision_language(case: str, backend: str) -> None:
+    import asyncio
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.images import png_images, serving_config
+    from benchmarks.vision_language import NUM_IMAGES, case_checkpoint, image_grids, sequence_layout
+    from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
+    from engine.outputs import RowRequest
+
+    folder, _ = case_checkpoint(case, Path(tempfile.mkdtemp()) / case, smoke=False)
+    spec = resolve_model(str(folder))
+    grids = image_grids(png_images(NUM_IMAGES, seed=1), spec.images)
+    layout_ids = sequence_layout(spec)
+    sequences = [layout_ids(*grid.shape[:2]) for grid in grids]
+    engine = build_engine(spec, serving_config("cuda", torch.bfloat16, backend))
+    print(f"{case}: attention backend {engine.attention_backend}, {sum(map(len, sequences))} tokens")
+    loop = asyncio.new_event_loop()
+
+    def embed() -> None:
+        loop.run_until_complete(engine.run(sequences, rows=RowRequest(images=grids)))
+        torch.cuda.synchronize()
+
+    try:
+        for _ in range(2):
+            embed()
+        walls = []
+        for _ in range(5):
+            start = time.perf_counter()
+            embed()
+            walls.append(time.perf_counter() - start)
+        print(f"== {NUM_IMAGES} images: p50 {1000 * statistics.median(walls):.1f} ms")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as trace:
+            embed()
+        kernels: dict[str, list[float]] = {}
+        for event in trace.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels.setdefault(event.name[:100], []).append(event.time_range.elapsed_us())
+        busy = sum(map(sum, kernels.values()))
+        print(f"   {sum(map(len, kernels.values()))} GPU kernels/copies, {busy / 1000:.1f} ms of GPU time")
+        for name, times in sorted(kernels.items(), key=lambda item: -sum(item[1]))[:30]:
+            print(f"   {sum(times) / 1000:8.2f} ms  {len(times):5d}x  {name}")
+        print("   operators by input shape (device time):")
+        averages = trace.key_averages(group_by_input_shape=True)
+        for item in sorted(averages, key=lambda item: -item.device_time_total)[:40]:
+            total, shapes = item.device_time_total / 1000, str(item.input_shapes)[:110]
+            print(f"   {total:8.2f} ms  {item.count:5d}x  {item.key[:40]:40s} {shapes}")
+    finally:
+        engine.stop()
+        loop.close()
 
 
 if __name__ == "__main__":

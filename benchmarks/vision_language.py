@@ -63,50 +63,26 @@ def measure_vision_language(
 ):
     import torch
     import torch.nn.functional as F
-    from tokenizers import Tokenizer
 
-    from api.images import ImageLimits, decode, normalized, patches, pixels
-    from api.tokenize import END_OF_TEXT
-    from benchmarks.image_checkpoints import vision_language_checkpoint
+    from api.images import normalized
     from benchmarks.images import png_images, serving_config
     from engine.build import build_engine
     from engine.checkpoint.resolve import resolve_model
     from engine.inline_images import inline_images
     from engine.outputs import RowRequest
-    from scoring.templates import SingleTemplate
 
     count = SMOKE_IMAGES if smoke else NUM_IMAGES
     rounds = 1 if smoke else options.rounds
     dtype = torch.float32 if smoke else torch.bfloat16
     with tempfile.TemporaryDirectory() as directory:
-        folder = Path(directory) / case
-        kind, text, vision, sections, pixel_range = SHAPES[case]
-        if smoke:
-            folder, reference = vision_language_checkpoint(folder, kind=kind)
-        else:
-            folder, reference = vision_language_checkpoint(
-                folder, text, vision, sections, pixel_range, std=0.02, dtype=torch.bfloat16, kind=kind
-            )
+        folder, reference = case_checkpoint(case, Path(directory) / case, smoke)
         spec = resolve_model(str(folder))
         layout, config = spec.images, spec.config
-        tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
-        template = spec.input_layout.template
-        single = SingleTemplate.from_chat(
-            template.source, template.variables, tokenizer, END_OF_TEXT, spec.input_layout.system
-        )
         encoded = png_images(count, seed=1)
         started = time.perf_counter()
-        grids = [
-            patches(pixels(decode(data, ImageLimits(), "input"), layout), layout.patch_size)
-            for data in encoded
-        ]
+        grids = image_grids(encoded, layout)
         preprocess_s = time.perf_counter() - started
-
-        def layout_ids(rows: int, columns: int) -> list[int]:
-            """An image's sequence from its grid of patches: its vision tokens in the chat layout."""
-            tokens = [config.vision_start, *[config.image_token_id] * layout.tokens_of((rows, columns))]
-            return single.apply([*tokens, config.vision_end])
-
+        layout_ids = sequence_layout(spec)
         sequences = [layout_ids(*g.shape[:2]) for g in grids]
         engine = build_engine(spec, serving_config(device, dtype, options.backend))
         ctx = RunContext(suite="images", model=case, gpu=gpu, backend=engine_backend(engine))
@@ -187,6 +163,50 @@ def measure_vision_language(
     for record in records:
         print(f"{record.case} {record.metric}: {record.value:.4g} (baseline {record.baseline})")
     return records, failure
+
+
+def case_checkpoint(case: str, folder: Path, smoke: bool):
+    """The case's checkpoint in `folder` (a tiny float32 one for `smoke`, else real-size bf16 random
+    weights of SHAPES[case]) -> (folder, transformers' model in float32)."""
+    import torch
+
+    from benchmarks.image_checkpoints import vision_language_checkpoint
+
+    kind, text, vision, sections, pixel_range = SHAPES[case]
+    if smoke:
+        return vision_language_checkpoint(folder, kind=kind)
+    return vision_language_checkpoint(
+        folder, text, vision, sections, pixel_range, std=0.02, dtype=torch.bfloat16, kind=kind
+    )
+
+
+def image_grids(encoded: list[bytes], layout) -> list[np.ndarray]:
+    """Each encoded image decoded and resized as the model's processor does, as its grid of patches."""
+    from api.images import ImageLimits, decode, patches, pixels
+
+    limits = ImageLimits()
+    return [patches(pixels(decode(data, limits, "input"), layout), layout.patch_size) for data in encoded]
+
+
+def sequence_layout(spec):
+    """(rows, columns) of an image's patches -> its sequence: its vision tokens in the chat layout."""
+    from tokenizers import Tokenizer
+
+    from api.tokenize import END_OF_TEXT
+    from scoring.templates import SingleTemplate
+
+    layout, config = spec.images, spec.config
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    template = spec.input_layout.template
+    single = SingleTemplate.from_chat(
+        template.source, template.variables, tokenizer, END_OF_TEXT, spec.input_layout.system
+    )
+
+    def layout_ids(rows: int, columns: int) -> list[int]:
+        tokens = [config.vision_start, *[config.image_token_id] * layout.tokens_of((rows, columns))]
+        return single.apply([*tokens, config.vision_end])
+
+    return layout_ids
 
 
 HTTP_BATCH, HTTP_CLIENTS = 16, 4
