@@ -129,9 +129,21 @@ def select_backend(
 
 def for_head_dim(backend: AttentionBackend, head_dim: int) -> AttentionBackend:
     """The backend for a second model inside the model whose heads are of `head_dim` (a vision tower's:
-    Qwen2-VL-2B's 80, SigLIP-so400m's 72, which FlashInfer lacks): `backend` where it runs them, else
-    torch's, which takes any size on any device."""
-    return backend if backend.runs_head_dim(head_dim) else select_backend("torch", "cpu")
+    Qwen2-VL-2B's 80, SigLIP-so400m's 72, which FlashInfer lacks): `backend` where it runs them; else,
+    `backend` being a CUDA one of a bf16 or fp16 model (only those have head-dim limits), torch's
+    FlashAttention 2 (torch-varlen: one kernel a batch) where it runs them; else torch's, which takes any
+    size on any device (a kernel and a copy for each run of equal lengths)."""
+    if backend.runs_head_dim(head_dim):
+        return backend
+    if backend.dtypes is not None:
+        try:
+            varlen = _build("torch-varlen", torch.device("cuda"), {"head_dim": head_dim})
+        except AttentionBackendUnavailable:
+            pass
+        else:
+            if backend.dtypes <= varlen.dtypes:
+                return varlen
+    return select_backend("torch", "cpu")
 
 
 def _build(name: str, device: torch.device, shape: dict, asked_for: bool = False) -> AttentionBackend:

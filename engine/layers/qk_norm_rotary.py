@@ -1,6 +1,7 @@
 """QKNormRotary: Qwen3's per-head RMSNorm of queries and keys (Gemma3's with `norm_offset`, scaled by
 1 + weight), then rotary, on the fused QKV output (or rotary alone, `qk_norm=False`: Qwen2, Llama,
-Mistral). On CUDA one Triton kernel does both for every (token, head) in place (one read, one write)
+Mistral, and the vision towers of Qwen2-VL and Qwen3-VL, whose float32 tables rotate in float32, rounded
+once). On CUDA one Triton kernel does both for every (token, head) in place (one read, one write)
 instead of about a dozen elementwise kernels; elsewhere the torch ops run. A program takes one token and
 all of its query and key heads, so the token's angles are read once and a program moves a few KB: one
 program per (token, head), moving 256 bytes each, ran at about a sixth of the H200's memory bandwidth."""
@@ -36,7 +37,8 @@ class QKNormRotary(nn.Module):
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # [num_tokens, (heads + 2 kv_heads) * head_dim] -> q [num_tokens, heads, head_dim], k and v
-        # [num_tokens, kv_heads, head_dim]; cos/sin [num_tokens, head_dim] in the model dtype
+        # [num_tokens, kv_heads, head_dim]; cos/sin [num_tokens, head_dim] in the model dtype, or in
+        # float32 for a rotation in float32 (the kernel computes in float32 either way)
         kernel = _triton_kernel() if qkv.is_cuda else None
         if kernel is not None and qkv.is_contiguous():
             qk_norm_rotary(kernel, qkv, cos, sin, self)
@@ -44,12 +46,17 @@ class QKNormRotary(nn.Module):
         q, k, v = self.split(qkv)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return rotated(q, cos, sin), rotated(k, cos, sin), v
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]
         heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         return heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`x` rotated in the tables' dtype, in its own."""
+    return apply_rotary(x.to(cos.dtype), cos, sin).to(x.dtype)
 
 
 def qk_norm_rotary(

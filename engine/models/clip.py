@@ -19,7 +19,7 @@ from engine.layers.add_norm import AddLayerNorm
 from engine.layers.linear_act import LinearActivation
 from engine.layers.patch_embedding import PatchEmbedding
 from engine.layers.pooling import cls_rows, last_rows, mean_pool
-from engine.layers.rotary import apply_rotary
+from engine.layers.qk_norm_rotary import QKNormRotary
 from engine.models.backbone import AttentionShape, Backbone
 
 if TYPE_CHECKING:
@@ -177,6 +177,8 @@ class EncoderLayer(nn.Module):
         self.causal = causal
         self.norm1 = AddLayerNorm(hidden_size, eps=eps)
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        # where a forward takes a rotary table: one Triton kernel on CUDA, in place (no weights)
+        self.rotary = QKNormRotary(self.num_heads, self.num_heads, self.head_dim, eps, qk_norm=False)
         self.attention_out = nn.Linear(hidden_size, hidden_size)
         self.norm2 = AddLayerNorm(hidden_size, eps=eps)
         self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)
@@ -193,10 +195,11 @@ class EncoderLayer(nn.Module):
         # before them), [num_tokens, hidden] each; rotary: float32 cos, sin [num_tokens, head_dim]
         num_tokens = hidden.shape[0]
         normed, residual = self.norm1.with_total(hidden, residual)
-        qkv = self.qkv(normed).view(num_tokens, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.unbind(1)
+        qkv = self.qkv(normed)
         if rotary is not None:
-            q, k = (apply_rotary(x.float(), *rotary).to(x.dtype) for x in (q, k))
+            q, k, v = self.rotary(qkv, *rotary)
+        else:
+            q, k, v = qkv.view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
         attention = varlen_attention(q, k, v, meta, backend=self.attention_backend, causal=self.causal)
         attention = self.attention_out(attention.reshape(num_tokens, -1))
         normed, residual = self.norm2.with_total(attention, residual)

@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.nn.attention.varlen
 
-from engine.attention import AUTO_ORDER, BACKENDS, AttentionMetadata, select_backend, varlen_attention
+from engine.attention import (
+    AUTO_ORDER,
+    BACKENDS,
+    AttentionMetadata,
+    for_head_dim,
+    select_backend,
+    varlen_attention,
+)
 from engine.attention.base import AttentionBackend
 from engine.attention.flash_attn_backend import FlashAttnAttention
 from engine.attention.flashinfer_backend import FlashInferAttention
@@ -139,6 +146,20 @@ def test_explicit_choice_that_does_not_fit(fake_cuda_backends):
     backend = select_backend("torch", "cuda", head_dim=128, graphs=True)
     assert backend.reason == "asked for; not graph-safe, so CUDA graphs stay off"
     assert select_backend("torch-varlen", "cuda", head_dim=128, graphs=True).reason == "asked for"
+
+
+def test_a_vision_tower_of_another_head_dim_runs_on_flashattention_2(fake_cuda_backends):
+    """Qwen2-VL-2B's vision heads of 80 beside its decoder's 128: one FlashAttention 2 kernel a batch of
+    images where the decoder's backend lacks 80, torch's SDPA (a kernel a run) only where that cannot."""
+    flashinfer = auto(graphs=False)
+    assert flashinfer.name == "flashinfer"
+    assert for_head_dim(flashinfer, 128) is flashinfer
+    assert for_head_dim(flashinfer, 80).name == "torch-varlen"
+    assert for_head_dim(flashinfer, 84).name == "torch"  # FlashAttention 2 takes multiples of 8
+    fake_cuda_backends.add("torch-varlen")
+    assert for_head_dim(flashinfer, 80).name == "torch"
+    reference = select_backend("torch", "cpu")
+    assert for_head_dim(reference, 80) is reference
 
 
 def test_auto_without_the_shape_keeps_to_the_reference(fake_cuda_backends):

@@ -266,9 +266,12 @@ def test_add_rms_norm(interpreted, hidden, with_residual, offset):
 
 
 @pytest.mark.parametrize(("qk_norm", "norm_offset"), [(True, False), (False, False), (True, True)])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 24), (2, 2, 64), (8, 1, 32)])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 24), (2, 2, 64), (8, 1, 32), (3, 3, 80)]
+)
 def test_qk_norm_rotary_in_place(interpreted, num_heads, num_kv_heads, head_dim, qk_norm, norm_offset):
-    """qk_norm False: rotary alone (Qwen2, Llama, Mistral); norm_offset: Gemma3's 1 + weight."""
+    """qk_norm False: rotary alone (Qwen2, Llama, Mistral, and with heads of 80 and as many keys as
+    queries, Qwen2-VL's vision tower); norm_offset: Gemma3's 1 + weight."""
     generator = torch.Generator().manual_seed(head_dim)
     layer = QKNormRotary(num_heads, num_kv_heads, head_dim, 1e-6, qk_norm, norm_offset)
     if qk_norm:

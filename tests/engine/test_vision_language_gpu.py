@@ -1,8 +1,9 @@
 """Qwen2-VL and Qwen3-VL on CUDA in bf16 against transformers' fp32: decoder heads of 128 (the GPU
 backends run them); Qwen2-VL's vision heads of 80, as Qwen2-VL-2B has (no FlashInfer module: torch's
-attention runs its vision tower), Qwen3-VL's of 64 (its position table and DeepStack); texts alone
+FlashAttention 2 runs its vision tower), Qwen3-VL's of 64 (its position table and DeepStack); texts alone
 through CUDA graphs (each request run eagerly, then captured, then replayed), texts holding images and
-images alone eagerly; each row at cosine >= 0.999."""
+images alone eagerly; each row at cosine >= 0.999. The vision towers' rotary kernel against the float32
+rotation it stands for."""
 
 import asyncio
 
@@ -52,9 +53,46 @@ def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
 
         texts, mixed = asyncio.run(runs())
         assert engine.runner.graphs is not None and engine.runner.graphs.graphs, "no graph was captured"
+        vision_heads = engine.runner.model.backbone.visual.blocks[0].attention_backend
+        # heads of 80 on FlashAttention 2 where the decoder's backend lacks them; of 64, on the decoder's
+        assert (vision_heads.name == "torch-varlen") == (kind == "qwen2_vl")
     finally:
         engine.stop()
     for rows in texts:
         assert float(rows[0] @ expected[0]) >= 0.999
     for rows in mixed:
         assert float((rows * expected).sum(1).min()) >= 0.999, (rows * expected).sum(1)
+
+
+def test_the_vision_towers_rotary_kernel_rotates_in_float32():
+    """bf16 heads of 80 turned by float32 tables (Qwen2-VL's vision tower, as transformers turns them):
+    the Triton kernel's rows are the float32 rotation rounded once to bf16, not a rotation in bf16."""
+    from engine.layers.qk_norm_rotary import QKNormRotary
+    from engine.layers.rotary import (
+        apply_rotary,
+        inverse_frequencies,
+        sectioned_streams,
+        stream_rotary_tables,
+    )
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    layer = QKNormRotary(16, 16, 80, 1e-6, qk_norm=False)
+    qkv = torch.randn(4900, 48 * 80, device="cuda", dtype=torch.bfloat16, generator=generator)
+    index = torch.arange(4900, device="cuda")
+    frequencies = inverse_frequencies(40, 10000.0, qkv.device).repeat(2)
+    cos, sin = stream_rotary_tables(
+        torch.stack([index // 70, index % 70]), frequencies, sectioned_streams((20, 20)), torch.float32
+    )
+
+    def relative_error(got, want):
+        return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+    with torch.no_grad():
+        q, k, v = (tensor.clone() for tensor in layer(qkv.clone(), cos, sin))
+        plain_q, plain_k, plain_v = layer.split(qkv)
+    for got, plain in ((q, plain_q), (k, plain_k)):
+        want = apply_rotary(plain.float(), cos, sin).to(torch.bfloat16)
+        assert relative_error(got, want) <= 1e-4
+        in_bf16 = apply_rotary(plain, cos.to(torch.bfloat16), sin.to(torch.bfloat16))
+        assert relative_error(in_bf16, want) > 1e-3  # what a rotation in bf16 would be off by
+    assert torch.equal(v, plain_v)
