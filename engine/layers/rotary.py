@@ -48,8 +48,10 @@ def stream_rotary_tables(
     and width positions; a vision tower's height and width): frequency j of `frequencies` ([head_dim // 2]
     float32) turns by the position of stream `streams[j]` (sectioned_streams, interleaved_streams).
     Where the streams agree (a text's tokens), these are rotary_tables'."""
-    stream = torch.tensor(streams, device=positions.device)
-    angles = positions.float()[stream].T * frequencies[None, :]
+    stream = torch.tensor(streams)
+    if positions.is_cuda:  # from pinned memory: a copy from pageable memory waits for the queued kernels
+        stream = stream.pin_memory()
+    angles = positions.float()[stream.to(positions.device, non_blocking=True)].T * frequencies[None, :]
     return tables(angles, dtype)
 
 

@@ -64,6 +64,32 @@ def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
         assert float((rows * expected).sum(1).min()) >= 0.999, (rows * expected).sum(1)
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_batch_of_images_is_queued_without_waiting_for_the_device(tmp_path, kind):
+    """The engine packs the next batch while the device runs this one only where queuing this one never
+    waits on the device: a copy from pageable memory or a read of a device value in a vision-language
+    step (its rotary streams once were such a copy, twice a batch) raises here."""
+    from engine.batch import pack
+
+    vision, sections = KINDS[kind]
+    folder, _ = vision_language_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
+    spec = resolve_model(str(folder))
+    sequences, images = sequences_of(spec, Tokenizer.from_file(str(spec.tokenizer_path)), grids(spec))
+    engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
+    try:
+        runner = engine.runner
+        runner.step(pack(sequences, output=runner.output, images=images)).result()  # first uses
+        batch = pack(sequences, output=runner.output, images=images)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            lazy = runner.step(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert lazy.result().shape[0] == len(sequences)
+    finally:
+        engine.stop()
+
+
 def test_the_vision_towers_rotary_kernel_rotates_in_float32():
     """bf16 heads of 80 turned by float32 tables (Qwen2-VL's vision tower, as transformers turns them):
     the Triton kernel's rows are the float32 rotation rounded once to bf16, not a rotation in bf16."""
