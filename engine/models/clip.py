@@ -164,12 +164,15 @@ class DualEncoderConfig:
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm block: fused-QKV self-attention (queries and keys rotated in float32 where a rotary table
-    is given: Qwen2-VL's vision tower), then an MLP, each added to the residual stream. A block takes the
+    """Pre-norm block: fused-QKV self-attention (queries and keys rotated in float32 by the tables a forward
+    takes, in a block made `rotary`: Qwen2-VL's vision tower), then an MLP, each added to the residual
+    stream. A block takes the
     last one's MLP rows and the stream before them, and its first norm adds them in the same pass (the
     stream after a tower's last block is its output and stream summed: `run_layers`)."""
 
-    def __init__(self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool):
+    def __init__(
+        self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool, rotary: bool = False
+    ):
         super().__init__()
         hidden_size, eps = config.hidden_size, config.layer_norm_eps
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
@@ -177,8 +180,9 @@ class EncoderLayer(nn.Module):
         self.causal = causal
         self.norm1 = AddLayerNorm(hidden_size, eps=eps)
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
-        # where a forward takes a rotary table: one Triton kernel on CUDA, in place (no weights)
-        self.rotary = QKNormRotary(self.num_heads, self.num_heads, self.head_dim, eps, qk_norm=False)
+        heads = self.num_heads
+        # one Triton kernel on CUDA, in place (no weights)
+        self.rotary = QKNormRotary(heads, heads, self.head_dim, eps, qk_norm=False) if rotary else None
         self.attention_out = nn.Linear(hidden_size, hidden_size)
         self.norm2 = AddLayerNorm(hidden_size, eps=eps)
         self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)
@@ -197,6 +201,8 @@ class EncoderLayer(nn.Module):
         normed, residual = self.norm1.with_total(hidden, residual)
         qkv = self.qkv(normed)
         if rotary is not None:
+            if self.rotary is None:
+                raise ValueError("rotary tables given to a block made without rotary")
             q, k, v = self.rotary(qkv, *rotary)
         else:
             q, k, v = qkv.view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)

@@ -190,7 +190,8 @@ class VisionTower(nn.Module):
         )
         self.position_table = nn.Embedding(config.positions, hidden) if config.positions else None
         self.blocks = nn.ModuleList(
-            EncoderLayer(config.tower, attention_backend, False) for _ in range(config.tower.num_layers)
+            EncoderLayer(config.tower, attention_backend, False, rotary=True)
+            for _ in range(config.tower.num_layers)
         )
         self.merger = Merger(config, after_shuffle=False)
         self.deepstack = nn.ModuleList(Merger(config, after_shuffle=True) for _ in config.deepstack)
