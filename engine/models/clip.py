@@ -166,9 +166,9 @@ class DualEncoderConfig:
 class EncoderLayer(nn.Module):
     """Pre-norm block: fused-QKV self-attention (queries and keys rotated in float32 by the tables a forward
     takes, in a block made `rotary`: Qwen2-VL's vision tower), then an MLP, each added to the residual
-    stream. A block takes the
-    last one's MLP rows and the stream before them, and its first norm adds them in the same pass (the
-    stream after a tower's last block is its output and stream summed: `run_layers`)."""
+    stream. A block takes the last one's MLP rows and the stream before them, and its first norm adds them
+    in the same pass (the stream after a tower's last block is its output and stream summed:
+    `run_layers`)."""
 
     def __init__(
         self, config: TowerConfig, attention_backend: AttentionBackend, causal: bool, rotary: bool = False
@@ -180,9 +180,12 @@ class EncoderLayer(nn.Module):
         self.causal = causal
         self.norm1 = AddLayerNorm(hidden_size, eps=eps)
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
-        heads = self.num_heads
-        # one Triton kernel on CUDA, in place (no weights)
-        self.rotary = QKNormRotary(heads, heads, self.head_dim, eps, qk_norm=False) if rotary else None
+        # one Triton kernel on CUDA, in place (no weights); as many key heads as query heads
+        self.rotary = (
+            QKNormRotary(config.num_heads, config.num_heads, config.head_dim, eps, qk_norm=False)
+            if rotary
+            else None
+        )
         self.attention_out = nn.Linear(hidden_size, hidden_size)
         self.norm2 = AddLayerNorm(hidden_size, eps=eps)
         self.up = LinearActivation(hidden_size, config.intermediate_size, config.hidden_act)

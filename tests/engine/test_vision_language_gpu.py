@@ -35,13 +35,19 @@ KINDS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
+def tiny_model(tmp_path, kind: str):
+    """A tiny checkpoint of `kind` -> (its spec, transformers' model in fp32, the parity test's texts and
+    images as sequences, each sequence's images)."""
     vision, sections = KINDS[kind]
     folder, model = vision_language_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
     spec = resolve_model(str(folder))
-    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
-    sequences, images = sequences_of(spec, tokenizer, grids(spec))
+    sequences, images = sequences_of(spec, Tokenizer.from_file(str(spec.tokenizer_path)), grids(spec))
+    return spec, model, sequences, images
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_texts_through_graphs_and_images_match_fp32(tmp_path, kind):
+    spec, model, sequences, images = tiny_model(tmp_path, kind)
     expected = reference_rows(model, spec, sequences, images)
     engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
     try:
@@ -71,10 +77,7 @@ def test_a_batch_of_images_is_queued_without_waiting_for_the_device(tmp_path, ki
     step (its rotary streams once were such a copy, twice a batch) raises here."""
     from engine.batch import pack
 
-    vision, sections = KINDS[kind]
-    folder, _ = vision_language_checkpoint(tmp_path / kind, TEXT, vision, sections, std=0.05, kind=kind)
-    spec = resolve_model(str(folder))
-    sequences, images = sequences_of(spec, Tokenizer.from_file(str(spec.tokenizer_path)), grids(spec))
+    spec, _, sequences, images = tiny_model(tmp_path, kind)
     engine = build_engine(spec, EngineConfig(device="cuda", dtype="bfloat16"))
     try:
         runner = engine.runner
