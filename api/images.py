@@ -2,7 +2,7 @@
 URL within a size and time limit), decoded with Pillow, checked, and made into the patches a model takes
 (its ImageLayout: made RGB, resized and cropped as its processor does, then cut into patches, channel, row
 and column flattened, still 8-bit: the model rescales and normalizes them on the device, ImageLayout.affine).
-Runs on the gateway's image threads: Pillow lets go of the GIL while it decodes and resizes, numpy while
+Runs on the gateway's image threads: Pillow lets go of the GIL while it decodes and resizes, pybase64 while
 it decodes base64 (api/base64_bytes.py)."""
 
 from __future__ import annotations
