@@ -62,6 +62,8 @@ class RequestGuard:
         self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
         self.num_tokens = 0  # the tokens the model ran for the request (its usage)
         self._working: set[asyncio.Future] = set()  # its engine calls in flight
+        self._tokenizing = 0  # its tokenizations in flight (several at once: `together`)
+        self._tokenizing_since = 0.0
 
     def _refuse_if_behind(self) -> None:
         """BehindDeadline where the engine would refuse work of a single token now: its queue alone takes
@@ -97,12 +99,17 @@ class RequestGuard:
         return StartBy(now + budget - own_s, now, own_s, budget)
 
     async def tokenized(self, tokenizing: Awaitable[T]) -> T:
-        """`await tokenizing`, its time counted as the request's tokenization."""
-        started = time.perf_counter()
+        """`await tokenizing`, its time counted as the request's tokenization: the time while any of its
+        tokenizations is in flight, once."""
+        if not self._tokenizing:
+            self._tokenizing_since = time.perf_counter()
+        self._tokenizing += 1
         try:
             return await tokenizing
         finally:
-            self.times.add_tokenization(time.perf_counter() - started)
+            self._tokenizing -= 1
+            if not self._tokenizing:
+                self.times.add_tokenization(time.perf_counter() - self._tokenizing_since)
 
     # the engine's own, as it is
     @property

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from api.errors import InvalidInput
-from api.guard import RequestGuard
+from api.guard import RequestGuard, together
 from api.images import ImageLimits, image_patches
 from api.models import EMBED, ServedModel
 from api.tokenize import TextEncoder
@@ -93,7 +93,14 @@ async def embed_items(
 ) -> tuple[np.ndarray, int]:
     """Each item's vector, in order, and the tokens the model ran (an image's count as the tokens it
     takes); texts are prompted (a vision-language embedder's prompt is the system turn of every input:
-    TextEncoder.prompted), then tokenized and limited as the route says."""
+    TextEncoder.prompted), then tokenized and limited as the route says. More images than the model's
+    image threads decode at once go to the engine in groups of that many, each as it is decoded: the
+    engine runs one while the threads decode the next."""
+    groups = image_groups(items, model.image_pool.num_threads if model.image_pool is not None else 0)
+    if len(groups) > 1:
+        options = (guard, limits, max_tokens, truncate, keep_end, prompt)
+        done = await together([embed_items(model, group, *options) for group in groups])
+        return np.concatenate([vectors for vectors, _ in done]), sum(tokens for _, tokens in done)
     layout = model.spec.images
     images = [
         (index, image)
@@ -147,6 +154,22 @@ async def embed_items(
                 sequences[index] = laid_out(model, encoder, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
     return vectors, sum(map(len, sequences))
+
+
+def image_groups(items: Sequence[Item], size: int) -> list[Sequence[Item]]:
+    """`items` in consecutive groups of at most `size` images (an input of more alone), each text in the
+    group of the images beside it; one group where they hold no more than that, or `size` is 0."""
+    groups: list[Sequence[Item]] = []
+    start = count = 0
+    for index, item in enumerate(items):
+        parts = item.parts if isinstance(item, FusedInput) else (item,)
+        num_images = sum(isinstance(part, ImageInput) for part in parts)
+        if size and num_images and count and count + num_images > size:
+            groups.append(items[start:index])
+            start, count = index, 0
+        count += num_images
+    groups.append(items[start:])
+    return groups
 
 
 def check_fused(model: ServedModel, item: FusedInput) -> None:

@@ -66,3 +66,18 @@ def test_the_engine_is_given_the_time_left_less_the_gateways_reserve():
     asyncio.run(guard.run([[1, 2, 3]]))
     assert engine.deadlines == [pytest.approx(arrived + 5.0 - 0.3)]
     assert times.rows_back is not None
+
+
+def test_tokenizations_at_once_count_their_wall_time_once():
+    """A request that tokenizes (or decodes images) in several parts at once reports the time any of them
+    ran, not their sum: x-tokenization-time stays within x-total-time."""
+    times = RequestTimes(time.perf_counter())
+    guard = RequestGuard(Recording(), Call(times), ServerConfig(request_timeout=5.0))
+
+    async def both():
+        await asyncio.gather(*(guard.tokenized(asyncio.sleep(0.2)) for _ in range(3)))
+        await guard.tokenized(asyncio.sleep(0.1))  # a later one adds its own
+
+    started = time.perf_counter()
+    asyncio.run(both())
+    assert 0.3 <= times.tokenization_s <= time.perf_counter() - started

@@ -20,6 +20,7 @@ from PIL import Image
 
 from api.app import create_app
 from api.config import ServerConfig
+from api.image_inputs import FusedInput, ImageInput, image_groups
 from api.images import ImageLimits
 from benchmarks.image_checkpoints import dual_encoder_checkpoint
 
@@ -323,3 +324,32 @@ def test_a_text_ranker_refuses_image_documents(client):
     response = client.post("/v2/rerank", json={"query": {"image": data_uri(IMAGES[0])}, "documents": ["a"]})
     assert response.status_code == 400 and "query is an image" in response.json()["message"]
     assert response.json()["message"].count("ranks text only") == 1
+
+
+def test_a_requests_images_go_to_the_engine_in_groups_of_what_the_threads_decode_at_once():
+    """Each group holds at most the image threads' count of images (an input of more alone), in order,
+    each text with the images beside it, so that the engine runs a group while the next is decoded."""
+    image = [ImageInput(f"data:{index}", f"input[{index}]") for index in range(6)]
+    fused = FusedInput((image[3], "a caption", image[4], image[5]), "input[7]")
+    items = ["a", image[0], image[1], "b", image[2], fused, "c"]
+    assert image_groups(items, 2) == [["a", image[0], image[1], "b"], [image[2]], [fused, "c"]]
+    assert image_groups(items, 3) == [["a", image[0], image[1], "b", image[2]], [fused, "c"]]
+    assert image_groups(items, 6) == [items]
+    assert image_groups(items, 0) == [items]  # a model without image threads
+    assert image_groups(["a", "b"], 1) == [["a", "b"]]
+
+
+def test_more_images_than_threads_keep_their_order_and_vectors(served):
+    """Seven images and texts on the server's two image threads (four groups, run at once): each vector
+    transformers' for its input, in the request's order."""
+    client, name, texts, images = served
+    order = [0, 1, 2, 2, 1, 0, 1]
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[index])}} for index in order]
+    parts.insert(3, TEXTS[0])
+    response = client.post("/v1/embeddings", json={"model": name, "input": parts})
+    assert response.status_code == 200, response.text
+    expected = np.stack([images[index] for index in order[:3]] + [texts[0]] + [images[i] for i in order[3:]])
+    np.testing.assert_allclose(vectors(response.json()), expected, atol=TOLERANCE, rtol=0)
+    tokens = response.json()["usage"]["prompt_tokens"]
+    assert float(response.headers["x-tokenization-time"]) <= float(response.headers["x-total-time"])
+    assert tokens > 0
