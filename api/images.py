@@ -115,7 +115,7 @@ def decode(data: bytes, limits: ImageLimits, where: str):
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, image).convert("RGB")
-    return image.convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")  # an RGB image as it is, not a copy
 
 
 def pixels(image, layout: ImageLayout) -> np.ndarray:
