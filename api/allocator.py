@@ -4,10 +4,12 @@ image, the resized one, the patches). glibc hands such memory back to the kernel
 above a moving threshold, the heaps' tops trimmed), and the next image faults it in again page by page,
 partly inside copies that hold the GIL: on 4 image threads of a 2-core machine 150 to 175 page faults an
 image, 9 to 17 with the thresholds raised. On a GPU host's 16 cores, 50 images on 16 threads took 41.6
-ms instead of 48.9 with them (the images suite's probe, 2026-12-06, with the mmap threshold at 64 MiB). The
-price is memory held after a burst: up to the trim threshold above each heap's live data (each decoding
-thread's arena), in practice the images' peak working set (a served 50-image rerank's gateway stayed at
-494 MB)."""
+ms instead of 48.9 with them (the images suite's probe, 2026-12-06, with the mmap threshold at 64 MiB).
+Since base64 is pybase64's and an RGB image is not copied (a1ba321, 0e9f14c), an image makes fewer such
+buffers: 10 to 40 faults an image without the thresholds, 10 to 30 with them; a buffer above glibc's
+moving threshold (a large photo's pixels) is still faulted in anew each time without them. The price is
+memory held after a burst: up to the trim threshold above each heap's live data (each decoding thread's
+arena), in practice the images' peak working set (a served 50-image rerank's gateway stayed at 494 MB)."""
 
 from __future__ import annotations
 
