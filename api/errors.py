@@ -40,18 +40,15 @@ class InvalidInput(ApiError):
 
 
 class InputTooLong(InvalidInput):
-    """`figures`: how long the input is, against which limit (of_tokens, of_characters)."""
+    """Input `index` is too long: `figures` say how long, against which limit (of_tokens, of_characters)."""
 
-    def __init__(self, figures: str, param: str = "input"):
-        self.figures = figures
+    def __init__(self, index: int, figures: str, param: str = "input"):
+        self.index, self.figures = index, figures
         super().__init__(self.message_for(ApiShape.OPENAI), param)
 
     @classmethod
     def of_tokens(cls, index: int, num_tokens: int, max_tokens: int, param: str = "input") -> InputTooLong:
-        return cls(
-            f"input {index} has {num_tokens} tokens, more than the model's maximum of {max_tokens}",
-            param,
-        )
+        return cls(index, f"has {num_tokens} tokens, more than the model's maximum of {max_tokens}", param)
 
     @classmethod
     def of_characters(
@@ -59,13 +56,19 @@ class InputTooLong(InvalidInput):
     ) -> InputTooLong:
         """Refused untokenized: longer than `max_tokens` tokens can span (api/char_bound.py)."""
         return cls(
-            f"input {index} has {num_chars} characters, more than the {max_chars} that the model's "
-            f"maximum of {max_tokens} tokens reads",
+            index,
+            f"has {num_chars} characters, more than the {max_chars} that the model's maximum of {max_tokens} "
+            "tokens reads",
             param,
         )
 
+    def renumbered(self, index: int) -> InputTooLong:
+        """The same refusal of the request's input `index` (an encoder numbers the texts it was given)."""
+        return InputTooLong(index, self.figures, self.param or "input")
+
     def message_for(self, shape: ApiShape) -> str:
-        return f"{self.figures}; shorten it or ask for truncation ({TRUNCATION_FIELDS[shape]})"
+        fields = TRUNCATION_FIELDS[shape]
+        return f"input {self.index} {self.figures}; shorten it or ask for truncation ({fields})"
 
 
 class RequestTooLarge(InvalidInput):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import InvalidInput
+from api.errors import InputTooLong, InvalidInput
 from api.guard import RequestGuard, together
 from api.images import ImageLimits, image_patches
 from api.models import EMBED, ServedModel
@@ -90,16 +90,21 @@ async def embed_items(
     truncate: bool,
     keep_end: bool = False,
     prompt: str = "",
+    first: int = 0,
 ) -> tuple[np.ndarray, int]:
     """Each item's vector, in order, and the tokens the model ran (an image's count as the tokens it
     takes); texts are prompted (a vision-language embedder's prompt is the system turn of every input:
-    TextEncoder.prompted), then tokenized and limited as the route says. More images than the model's
-    image threads decode at once go to the engine in groups of that many, each as it is decoded: the
-    engine runs one while the threads decode the next."""
+    TextEncoder.prompted), then tokenized and limited as the route says (a text too long named by its
+    place in the request: `first` is the first item's). More images than the model's image threads decode
+    at once go to the engine in groups of that many, each as it is decoded: the engine runs one while the
+    threads decode the next."""
     groups = image_groups(items, model.image_pool.num_threads if model.image_pool is not None else 0)
     if len(groups) > 1:
         options = (guard, limits, max_tokens, truncate, keep_end, prompt)
-        done = await together([embed_items(model, group, *options) for group in groups])
+        starts = np.cumsum([first, *map(len, groups[:-1])]).tolist()
+        done = await together([
+            embed_items(model, group, *options, first=start) for group, start in zip(groups, starts)
+        ])  # fmt: skip
         return np.concatenate([vectors for vectors, _ in done]), sum(tokens for _, tokens in done)
     layout = model.spec.images
     images = [
@@ -121,9 +126,13 @@ async def embed_items(
     encoder, texts = model.encoder.prompted([item for item in items if isinstance(item, str)], prompt)
     sequences: list[Sequence[int]] = [[]] * len(items)
     if texts:
-        encoded = iter(
-            await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end, guard))
-        )
+        try:
+            encoded = iter(
+                await guard.tokenized(encoder.encode_off_loop(texts, max_tokens, truncate, keep_end, guard))
+            )
+        except InputTooLong as error:  # numbered among the texts: renumbered among the request's inputs
+            places = [first + index for index, item in enumerate(items) if isinstance(item, str)]
+            raise error.renumbered(places[error.index]) from None
         for index, item in enumerate(items):
             if isinstance(item, str):
                 sequences[index] = next(encoded)

@@ -353,3 +353,15 @@ def test_more_images_than_threads_keep_their_order_and_vectors(served):
     tokens = response.json()["usage"]["prompt_tokens"]
     assert float(response.headers["x-tokenization-time"]) <= float(response.headers["x-total-time"])
     assert tokens > 0
+
+
+def test_a_text_too_long_among_images_is_named_by_its_place_in_the_request(served):
+    """Its index among the request's inputs, not among its texts or its group's (three images on two
+    threads: the text is in the second group)."""
+    client, name, _, _ = served
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[index])}} for index in range(3)]
+    for place in (3, 1):
+        given = [*parts[:place], "word " * 3000, *parts[place:]]
+        response = client.post("/v1/embeddings", json={"model": name, "input": given})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["message"].startswith(f"input {place} has "), response.text
