@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,7 @@ async def embed_items(
     groups = image_groups(items, model.image_pool.num_threads if model.image_pool is not None else 0)
     if len(groups) > 1:
         options = (guard, limits, max_tokens, truncate, keep_end, prompt)
-        starts = np.cumsum([first, *map(len, groups[:-1])]).tolist()
+        starts = accumulate(map(len, groups[:-1]), initial=first)
         done = await together([
             embed_items(model, group, *options, first=start) for group, start in zip(groups, starts)
         ])  # fmt: skip
