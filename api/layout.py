@@ -27,7 +27,8 @@ CORES_PER_GATEWAY = 2  # its event loop, and room for the tokenizer and the clie
 MAX_GATEWAYS = 8
 MAX_TOKENIZER_THREADS = 8  # past this, handing out the parts costs more than the parts save
 # an image model's gateways decode a request's images on as many threads as the host's cores, each: an
-# image takes milliseconds (a 640x480 PNG about 7 ms to decode and resize), and Pillow holds no GIL meanwhile
+# image takes milliseconds (a 640x480 PNG about 7 ms to decode and resize), and Pillow holds no GIL meanwhile;
+# the gateways take turns at the cores (api/decode_turns.py)
 MAX_IMAGE_THREADS = 32
 CGROUP = Path("/sys/fs/cgroup")
 # set for the server's processes before torch loads OpenMP (where the environment does not say): torch's

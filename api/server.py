@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from api.allocator import keep_freed_memory
 from api.config import ServerConfig
+from api.decode_turns import GatewayTurns
 from api.errors import NotReady
 from api.metrics import Metrics, replica_batch_observer
 from api.models import ModelRegistry, ServedModel, listwise_model
@@ -36,10 +37,17 @@ BUNDLED_ALIAS = "all-MiniLM-L6-v2"
 
 
 class Server:
-    def __init__(self, config: ServerConfig, replicas: Sequence[ReplicaHandles] | None = None):
-        """`replicas`: per model, the replicas to run on (started elsewhere); None: start the engines."""
+    def __init__(
+        self,
+        config: ServerConfig,
+        replicas: Sequence[ReplicaHandles] | None = None,
+        decode_turns: GatewayTurns | None = None,
+    ):
+        """`replicas`: per model, the replicas to run on (started elsewhere); None: start the engines.
+        `decode_turns`: a gateway's turns at the host's cores for its image decoding (api/decode_turns.py)."""
         self.config = config
         self._remote = replicas
+        self._decode_turns = decode_turns
         self._following = threading.Event()  # set to stop following the remote replicas' liveness
         self.metrics = Metrics()
         self._registry: ModelRegistry | None = None
@@ -131,7 +139,7 @@ class Server:
             )
             image_pool = None
             if spec.images is not None:
-                image_pool = TokenizerPool(self.config.image_threads)
+                image_pool = TokenizerPool(self.config.image_threads, self._decode_turns)
                 keep_freed_memory()  # its threads' buffers reused, not faulted in anew an image
             served.append(
                 ServedModel(

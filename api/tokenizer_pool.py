@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from api.decode_turns import GatewayTurns
 from engine.errors import BehindDeadline, EngineError
 from engine.service_rate import MovingRate
 
@@ -61,10 +62,13 @@ class TokenizeAdmission(Protocol):
 
 class TokenizerPool:
     """`num_threads` threads, FIFO. Each part's time on its thread (wall time: it includes what the host's
-    other work takes from it) measures the rate in seconds a character, over the last NUM_PARTS parts."""
+    other work takes from it) measures the rate in seconds a character, over the last NUM_PARTS parts.
+    With `turns` (an image model's pool, beside other gateways'), each part also waits for its turn at the
+    host's cores (api/decode_turns.py)."""
 
-    def __init__(self, num_threads: int):
+    def __init__(self, num_threads: int, turns: GatewayTurns | None = None):
         self.num_threads = max(1, num_threads)
+        self.turns = turns
         self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
         self._parts = MovingRate(NUM_PARTS)
         self._queued_chars = 0  # of parts submitted and not yet finished (or refused)
@@ -114,10 +118,14 @@ class TokenizerPool:
         order = range(len(parts))
         if part_size is not None:
             order = sorted(order, key=sizes.__getitem__, reverse=True)
+        first = self.turns.take(len(parts)) if self.turns is not None else None  # tickets, in `order`
         running = {
-            index: loop.run_in_executor(self._threads, self._run, work, *parts[index], sizes[index], start_by)
-            for index in order
-        }
+            index: loop.run_in_executor(
+                self._threads, self._run, work, *parts[index], sizes[index], start_by,
+                None if first is None else first + turn,
+            )
+            for turn, index in enumerate(order)
+        }  # fmt: skip
         return await asyncio.gather(*(running[index] for index in range(len(parts))), return_exceptions=True)
 
     def _run(
@@ -127,9 +135,12 @@ class TokenizerPool:
         first: int,
         num_chars: int,
         start_by: StartBy | None,
+        ticket: int | None = None,
     ) -> T:
-        started = time.perf_counter()
         try:
+            if ticket is not None:
+                self.turns.wait(ticket)
+            started = time.perf_counter()
             if start_by is not None:
                 start_by.check(started)
             result = work(part, first)
@@ -138,6 +149,8 @@ class TokenizerPool:
         finally:
             with self._lock:
                 self._queued_chars -= num_chars
+            if ticket is not None:
+                self.turns.finish()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from api.config import ServerConfig
+from api.decode_turns import DecodeTurns
 from api.summary import startup_summary
 from engine.replicas.replica_set import ReplicaHandles
 
@@ -35,6 +36,7 @@ class GatewaySupervisor:
         self._context = multiprocessing.get_context("spawn")  # no forked CUDA or event-loop state
         self._gateways: list = []
         self._handles: list[ReplicaHandles] = []
+        self._turns: DecodeTurns | None = None
         self._stopping = threading.Event()
         self.num_restarts = 0
 
@@ -56,6 +58,8 @@ class GatewaySupervisor:
             self._handles = [replica_set.handles() for replica_set in replica_sets]
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._on_signal)
+            if any(spec.images is not None for spec in specs):  # the gateways decode images on the same cores
+                self._turns = DecodeTurns(self._context, self.config.image_threads, self.config.api_workers)
             self._gateways = [self._spawn(index) for index in range(self.config.api_workers)]
             described = [
                 (server.names(index, spec), spec, handles.capabilities.description)
@@ -71,7 +75,7 @@ class GatewaySupervisor:
     def _spawn(self, index: int):
         process = self._context.Process(
             target=gateway_main,
-            args=(self.config, self._handles, index),
+            args=(self.config, self._handles, index, self._turns),
             name=f"posy-gateway-{index}",
         )
         process.start()
@@ -84,6 +88,8 @@ class GatewaySupervisor:
                     continue
                 logger.error("gateway %d exited with code %s: starting it again", index, process.exitcode)
                 self.num_restarts += 1
+                if self._turns is not None:
+                    self._turns.reclaim(index)  # its images' tickets, left unfinished
                 self._gateways[index] = self._spawn(index)
 
     def _on_signal(self, signum: int, _frame) -> None:
@@ -114,8 +120,11 @@ def bind(host: str, port: int) -> socket.socket:
     return listener
 
 
-def gateway_main(config: ServerConfig, handles: Sequence[ReplicaHandles], index: int) -> None:
-    """A spawned gateway's entry: the app over the given replicas, on its own socket of the shared port."""
+def gateway_main(
+    config: ServerConfig, handles: Sequence[ReplicaHandles], index: int, turns: DecodeTurns | None = None
+) -> None:
+    """A spawned gateway's entry: the app over the given replicas, on its own socket of the shared port,
+    its image decoding taking turns at the cores with the other gateways'."""
     from api.app import create_app
     from api.drain import run_server
     from api.server import Server
@@ -135,6 +144,7 @@ def gateway_main(config: ServerConfig, handles: Sequence[ReplicaHandles], index:
     threading.Thread(target=watch_parent, name="posy-parent", daemon=True).start()
     listener = bind(config.host, config.port)
     listener.listen(BACKLOG)
-    server = Server(config, replicas=handles)
+    own_turns = turns.gateway(index) if turns is not None else None
+    server = Server(config, replicas=handles, decode_turns=own_turns)
     app = create_app(config, server)
     run_server(app, server, config, sockets=[listener])
