@@ -99,13 +99,10 @@ async def embed_items(
     place in the request: `first` is the first item's). More images than the model's image threads decode
     at once go to the engine in groups of that many, each as it is decoded: the engine runs one while the
     threads decode the next."""
-    groups = image_groups(items, model.image_pool.num_threads if model.image_pool is not None else 0)
+    groups = placed_groups(model, items, first)
     if len(groups) > 1:
         options = (guard, limits, max_tokens, truncate, keep_end, prompt)
-        starts = accumulate(map(len, groups[:-1]), initial=first)
-        done = await together([
-            embed_items(model, group, *options, first=start) for group, start in zip(groups, starts)
-        ])  # fmt: skip
+        done = await together([embed_items(model, group, *options, first=start) for group, start in groups])
         return np.concatenate([vectors for vectors, _ in done]), sum(tokens for _, tokens in done)
     layout = model.spec.images
     images = [
@@ -164,6 +161,15 @@ async def embed_items(
                 sequences[index] = laid_out(model, encoder, content, item.param)
     vectors = await guard.run(sequences, rows=rows)
     return vectors, sum(map(len, sequences))
+
+
+def placed_groups(
+    model: ServedModel, items: Sequence[Item], first: int = 0
+) -> list[tuple[Sequence[Item], int]]:
+    """`items` in groups of as many images as the model's image threads decode at once (image_groups), each
+    with the place of its first item in the request (`first`: the first item's)."""
+    groups = image_groups(items, model.image_pool.num_threads if model.image_pool is not None else 0)
+    return list(zip(groups, accumulate(map(len, groups[:-1]), initial=first)))
 
 
 def image_groups(items: Sequence[Item], size: int) -> list[Sequence[Item]]:

@@ -18,6 +18,7 @@ from api.image_inputs import (
     decoded_images,
     embed_items,
     image_document,
+    placed_groups,
     vision_ids,
 )
 from api.images import ImageLimits
@@ -55,12 +56,19 @@ async def image_embedder_scores(
 
 async def ranker_scores(
     model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    limits: ImageLimits, reads: tuple[int, int],
+    limits: ImageLimits, reads: tuple[int, int], first: int = 0,
 ) -> np.ndarray:  # fmt: skip
     """A vision-language ranker's scores (jina-reranker-m0's, Qwen3-VL-Reranker's): each (query, document)
     pair one sequence in the model's pair layout and prompts, an image's vision tokens where its text
     would be (an image query and an image document: both, in the pair's order). Texts are cut to what
-    rerank reads of them."""
+    rerank reads of them. More image documents than the image threads decode at once go to the engine in
+    groups, as embed_items sends them (an image query decoded with each); `first`: the first document's
+    place."""
+    groups = placed_groups(model, items, first)
+    if len(groups) > 1:
+        same = (options, guard, limits, reads)
+        done = await together([ranker_scores(model, query, group, *same, start) for group, start in groups])
+        return np.concatenate(done)
     inputs = [query, *items]
     images = [item for item in inputs if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, limits))
@@ -85,7 +93,7 @@ async def ranker_scores(
     ids = iter(await guard.tokenized(tokenizing))
     contents, pair_images = [], []
     for index, (item, limit) in enumerate(zip(inputs, cuts)):
-        where = "query" if index == 0 else f"documents[{index - 1}]"
+        where = "query" if index == 0 else f"documents[{first + index - 1}]"
         grid = next(grids) if isinstance(item, ImageInput) else None
         if grid is None:
             contents.append(check_vision_free(model, next(ids)[:limit], where))
@@ -98,8 +106,8 @@ async def ranker_scores(
         sequence, _ = model.encoder.pair.apply(contents[0], document_ids)
         if len(sequence) > window:
             raise InvalidInput(
-                f"documents[{index}] with the query takes {len(sequence)} tokens, more than the model's "
-                f"window of {window}",
+                f"documents[{first + index}] with the query takes {len(sequence)} tokens, more than the "
+                f"model's window of {window}",
                 "documents",
             )
         sequences.append(sequence)
@@ -115,12 +123,13 @@ async def ranker_scores(
 
 async def max_sim_scores(
     model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    limits: ImageLimits, reads: tuple[int, int],
+    limits: ImageLimits, reads: tuple[int, int], first: int = 0,
 ) -> np.ndarray:  # fmt: skip
     """A multi-vector image retriever's scores (ColQwen2's): the query's token vectors' MaxSim against each
     document's, on the device, the query run once a batch (as ColBERT's rerank); each laid out as the
     model's processor lays it out (LateInteraction.layout), an image document's vision tokens in its own.
-    Texts are cut to what rerank reads of them, then to the model's lengths."""
+    Texts are cut to what rerank reads of them, then to the model's lengths. Image documents go to the
+    engine in groups, as ranker_scores sends them."""
     late = model.late_interaction
     if isinstance(query, ImageInput):
         raise InvalidInput(
@@ -128,6 +137,11 @@ async def max_sim_scores(
             "documents)",
             "query",
         )
+    groups = placed_groups(model, items, first)
+    if len(groups) > 1:
+        same = (options, guard, limits, reads)
+        done = await together([max_sim_scores(model, query, group, *same, start) for group, start in groups])
+        return np.concatenate(done)
     images = [item for item in items if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, limits))
     bound = model.encoder.bound
@@ -144,7 +158,7 @@ async def max_sim_scores(
         if grid is None:
             documents.append(late.document_ids(late.cut(next(ids), reads[1])))
         else:
-            documents.append(image_document(model, [before, after], grid, f"documents[{index}]"))
+            documents.append(image_document(model, [before, after], grid, f"documents[{first + index}]"))
         document_images.append(grid)
     rows = dataclasses.replace(model.rows(RERANK), prefix=query_ids, images=document_images)
     max_sims = await guard.run(documents, rows=rows)

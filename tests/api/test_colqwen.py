@@ -266,3 +266,12 @@ def test_a_text_document_past_the_window_ranks_by_chunks_laid_out_as_texts(serve
 
 def test_an_image_query_is_a_400_and_the_server_ranks_on(served):
     check_image_query_refused(served[0], "colqwen")
+
+
+def test_image_documents_in_groups_of_what_the_threads_decode_at_once(checkpoint):
+    """On one image thread each image document goes to the engine in a group of its own: the same
+    MaxSims, in the request's order."""
+    folder, model, projection = checkpoint
+    config = ServerConfig(models=(str(folder),), served_model_names=(("colqwen",),), image_threads=1)
+    with TestClient(create_app(config)) as client:
+        check_rerank(client, lambda items: reference_vectors(model, projection, folder, items), "colqwen")

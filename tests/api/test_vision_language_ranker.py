@@ -47,8 +47,13 @@ def reference_scores(model, score, folder, pairs) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    folder, model, score = jina_ranker_checkpoint(tmp_path_factory.mktemp("jina") / "jina")
+def checkpoint(tmp_path_factory):
+    return jina_ranker_checkpoint(tmp_path_factory.mktemp("jina") / "jina")
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    folder, model, score = checkpoint
     config = ServerConfig(models=(str(folder),), served_model_names=(("m0",),), tokenizer_threads=2)
     with TestClient(create_app(config)) as client:
         yield client, lambda pairs: reference_scores(model, score, folder, pairs)
@@ -99,3 +104,21 @@ def test_an_image_query_against_image_documents(served):
     response = client.post("/v2/rerank", json={"model": "m0", "query": query, "documents": documents})
     expected = reference([(IMAGES[0], TEXTS[0]), (IMAGES[0], IMAGES[1]), (IMAGES[0], IMAGES[0])])
     np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_image_documents_in_groups_of_what_the_threads_decode_at_once(checkpoint):
+    """On one image thread each image document goes to the engine in a group of its own (its texts with
+    it): the scores are the same, in the request's order, and a bad text is named by its place in the
+    request, not in its group."""
+    folder, model, score = checkpoint
+    config = ServerConfig(models=(str(folder),), served_model_names=(("m0",),), image_threads=1)
+    documents = [{"image": data_uri(IMAGES[0])}, TEXTS[0], {"image": data_uri(IMAGES[1])}, TEXTS[1]]
+    expected = reference_scores(model, score, folder, [(QUERY, IMAGES[0]), (QUERY, TEXTS[0]),
+                                                       (QUERY, IMAGES[1]), (QUERY, TEXTS[1])])  # fmt: skip
+    with TestClient(create_app(config)) as client:
+        response = client.post("/v2/rerank", json={"model": "m0", "query": QUERY, "documents": documents})
+        np.testing.assert_allclose(scores_of(response), expected, atol=TOLERANCE, rtol=0)
+        documents[3] = "a <|vision_start|> dog"
+        response = client.post("/v2/rerank", json={"model": "m0", "query": QUERY, "documents": documents})
+        assert response.status_code == 400, response.text
+        assert "documents[3] holds a token" in response.json()["message"]
