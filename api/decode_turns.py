@@ -11,8 +11,8 @@ engine runs them while the cores decode the next one's.
 The supervisor makes the turns before it spawns the gateways (its counters live in shared memory); each
 gateway waits on its own semaphore, which every finished part posts, and a thread of its own wakes exactly
 its parts whose turn came. A gateway that dies with tickets unfinished has them counted finished by the
-supervisor (`reclaim`); a part that waits past WAIT_S starts anyway, so that nothing hangs on a ticket
-lost in between."""
+supervisor (`reclaim`), and the lock too where it died holding it; a part that waits past WAIT_S starts
+anyway, so that nothing hangs on a ticket lost in between."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import threading
 
 WAIT_S = 5.0
 WATCH_S = 1.0  # a gateway's watcher re-checks at least this often
+STUCK_S = 1.0
 
 
 class DecodeTurns:
@@ -52,11 +53,15 @@ class DecodeTurns:
         self._wake_all()
 
     def reclaim(self, gateway: int) -> int:
-        """A dead gateway's unfinished tickets counted finished; how many."""
-        with self._lock:
+        """A dead gateway's unfinished tickets counted finished; how many. The lock is held for microseconds:
+        held for STUCK_S, it is the dead gateway's, killed holding it, and taken over."""
+        self._lock.acquire(timeout=STUCK_S)
+        try:
             count = self._open[gateway]
             self._finished.value += count
             self._open[gateway] = 0
+        finally:
+            self._lock.release()
         self._wake_all()
         return count
 

@@ -108,6 +108,23 @@ def finish_one(turns: DecodeTurns, index: int) -> None:
     own.finish()
 
 
+def die_holding_the_lock(turns: DecodeTurns) -> None:
+    turns._lock.acquire()  # killed within take() or finish(), as the OOM killer may
+
+
+def test_a_gateway_killed_holding_the_lock_has_it_taken_over():
+    turns = DecodeTurns(SPAWN, cores=1, num_gateways=2)
+    dying = SPAWN.Process(target=die_holding_the_lock, args=(turns,))
+    dying.start()
+    dying.join(30)
+    assert turns.reclaim(1) == 0
+    own, taken = turns.gateway(0), []
+    taking = threading.Thread(target=lambda: taken.append(own.take(1)), daemon=True)
+    taking.start()
+    taking.join(10)  # without the takeover, it would wait on the lock for ever
+    assert taken == [0] and own.wait(0)
+
+
 def test_turns_are_shared_with_spawned_gateway_processes():
     """As the supervisor passes them: a spawned process's tickets hold up this one's until it finishes
     them, or until its tickets are reclaimed once it died."""
