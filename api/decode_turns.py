@@ -87,10 +87,10 @@ class GatewayTurns:
     """A gateway's tickets: `take` a run of them as a request's parts are queued, `wait` on a thread until
     a part's turn, `finish` it once done (refused or failed as well)."""
 
-    def __init__(self, shared: DecodeTurns, index: int, wait_s: float = WAIT_S):
+    def __init__(self, shared: DecodeTurns, index: int):
         self.shared = shared
         self.index = index
-        self.wait_s = wait_s
+        self.wait_s = WAIT_S
         self._waiting: list[tuple[int, int, threading.Event]] = []  # a heap, the earliest ticket first
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None

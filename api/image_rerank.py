@@ -6,6 +6,7 @@ what rerank reads of a query and of a document (`reads`: their tokens)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -54,21 +55,31 @@ async def image_embedder_scores(
     return cosine_to_scores(query_vectors[0], vectors, raw=options.raw_scores)
 
 
+def documents_in_groups(score):
+    """`score` of the documents in groups of as many images as the model's image threads decode at once
+    (placed_groups), run together: the engine runs one group while the threads decode the next, as
+    embed_items sends an embedder's (an image query is decoded with each group)."""
+
+    @functools.wraps(score)
+    async def grouped(model, query, items, options, guard, limits, reads) -> np.ndarray:
+        same = (options, guard, limits, reads)
+        groups = placed_groups(model, items)
+        return np.concatenate(
+            await together([score(model, query, group, *same, start) for group, start in groups])
+        )
+
+    return grouped
+
+
+@documents_in_groups
 async def ranker_scores(
     model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    limits: ImageLimits, reads: tuple[int, int], first: int = 0,
+    limits: ImageLimits, reads: tuple[int, int], first: int,
 ) -> np.ndarray:  # fmt: skip
     """A vision-language ranker's scores (jina-reranker-m0's, Qwen3-VL-Reranker's): each (query, document)
     pair one sequence in the model's pair layout and prompts, an image's vision tokens where its text
     would be (an image query and an image document: both, in the pair's order). Texts are cut to what
-    rerank reads of them. More image documents than the image threads decode at once go to the engine in
-    groups, as embed_items sends them (an image query decoded with each); `first`: the first document's
-    place."""
-    groups = placed_groups(model, items, first)
-    if len(groups) > 1:
-        same = (options, guard, limits, reads)
-        done = await together([ranker_scores(model, query, group, *same, start) for group, start in groups])
-        return np.concatenate(done)
+    rerank reads of them. `first`: the first document's place in the request (documents_in_groups)."""
     inputs = [query, *items]
     images = [item for item in inputs if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, limits))
@@ -121,15 +132,15 @@ async def ranker_scores(
     return logits_to_scores(logits, raw=options.raw_scores)
 
 
+@documents_in_groups
 async def max_sim_scores(
     model: ServedModel, query: Item, items: list[Item], options: RerankOptions, guard: RequestGuard,
-    limits: ImageLimits, reads: tuple[int, int], first: int = 0,
+    limits: ImageLimits, reads: tuple[int, int], first: int,
 ) -> np.ndarray:  # fmt: skip
     """A multi-vector image retriever's scores (ColQwen2's): the query's token vectors' MaxSim against each
     document's, on the device, the query run once a batch (as ColBERT's rerank); each laid out as the
     model's processor lays it out (LateInteraction.layout), an image document's vision tokens in its own.
-    Texts are cut to what rerank reads of them, then to the model's lengths. Image documents go to the
-    engine in groups, as ranker_scores sends them."""
+    Texts are cut to what rerank reads of them, then to the model's lengths. `first`: as ranker_scores'."""
     late = model.late_interaction
     if isinstance(query, ImageInput):
         raise InvalidInput(
@@ -137,11 +148,6 @@ async def max_sim_scores(
             "documents)",
             "query",
         )
-    groups = placed_groups(model, items, first)
-    if len(groups) > 1:
-        same = (options, guard, limits, reads)
-        done = await together([max_sim_scores(model, query, group, *same, start) for group, start in groups])
-        return np.concatenate(done)
     images = [item for item in items if isinstance(item, ImageInput)]
     grids = iter(await decoded_images(model, images, guard, limits))
     bound = model.encoder.bound
