@@ -5,7 +5,9 @@ merges them (merge x merge groups, row by row), and lays out what the model read
 column (the tower's 2-D rotary), the batch rows its merged tokens replace, and every token's three M-RoPE
 positions (temporal, height, width): a text token's three are its place, an image token's the image's
 start, plus its merged row and column; the text after an image goes on from its start plus its longer
-side. A sequence may hold several images, each its own run."""
+side. A sequence may hold several images, each its own run. An image that several sequences of the batch
+hold (the same grid: a vision-language ranker's image query, in each of its pairs) runs through the vision
+tower once, its merged tokens placed in each (`placed`)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,15 @@ class InlineImages:
     vision_max_seqlen: int
     token_rows: torch.Tensor  # [num_image_tokens] int64: the batch rows the merged patches replace, in order
     positions: torch.Tensor  # [3, num_tokens] int64: every token's temporal, height and width position
+    # [num_image_tokens] int64: each of token_rows' row in the vision tower's merged output, where an image
+    # held by several sequences ran once; None where each image ran for its own tokens
+    merged_rows: torch.Tensor | None = None
     patches: Sequence[np.ndarray] = ()  # host: each image's [num_patches, patch_dim] in merge order
+
+    def placed(self, merged: torch.Tensor) -> torch.Tensor:
+        """The vision tower's merged rows (or what is made of them) in token_rows' order: a shared image's
+        once for each sequence that holds it."""
+        return merged if self.merged_rows is None else merged.index_select(0, self.merged_rows)
 
     def to(self, device: torch.device | str) -> InlineImages:
         cuda = torch.device(device).type == "cuda"
@@ -40,6 +50,7 @@ class InlineImages:
             moved(pixels), moved(self.vision_positions), moved(self.vision_grids), self.vision_cu_seqlens,
             self.vision_max_seqlen,
             moved(self.token_rows), moved(self.positions),
+            None if self.merged_rows is None else moved(self.merged_rows),
         )  # fmt: skip
 
 
@@ -108,6 +119,7 @@ def inline_images(
         places = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1], np.diff(cu_seqlens))
     positions = np.repeat(places[None].astype(np.int64), 3, axis=0)  # a text token's three: its place
     patches, vision_positions, grids, token_rows, counts = [], [], [], [], []
+    source_rows, ran = [], {}  # each image run: its first merged row, by the grid's identity
     for index, entry in enumerate(images):
         grids_here = images_of(entry)
         if not grids_here:
@@ -120,18 +132,21 @@ def inline_images(
             rows, columns, patch_dim = image.shape
             merged_rows, merged_columns = rows // merge, columns // merge
             run = np.arange(first, first + merged_rows * merged_columns)
-            # merge order: each merge x merge group of patches together, the groups row by row
-            grouped = image.reshape(merged_rows, merge, merged_columns, merge, patch_dim).transpose(
-                0, 2, 1, 3, 4
-            )
-            patches.append(grouped.reshape(-1, patch_dim))
-            row, column = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
-            order = (merged_rows, merge, merged_columns, merge)
-            vision_positions.append(
-                np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
-            )
-            counts.append(rows * columns)
-            grids.append(np.repeat([[rows], [columns]], rows * columns, axis=1))
+            if id(image) not in ran:
+                ran[id(image)] = sum(counts) // merge**2
+                # merge order: each merge x merge group of patches together, the groups row by row
+                grouped = image.reshape(merged_rows, merge, merged_columns, merge, patch_dim).transpose(
+                    0, 2, 1, 3, 4
+                )
+                patches.append(grouped.reshape(-1, patch_dim))
+                row, column = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
+                order = (merged_rows, merge, merged_columns, merge)
+                vision_positions.append(
+                    np.stack([part.reshape(order).transpose(0, 2, 1, 3).ravel() for part in (row, column)])
+                )
+                counts.append(rows * columns)
+                grids.append(np.repeat([[rows], [columns]], rows * columns, axis=1))
+            source_rows.append(ran[id(image)] + np.arange(len(run)))
             token_rows.append(start + run)
             own[:, token:first] = place + np.arange(first - token)
             place += first - token
@@ -152,5 +167,6 @@ def inline_images(
         max(counts),
         torch.from_numpy(np.concatenate(token_rows).astype(np.int64)),
         torch.from_numpy(positions),
+        torch.from_numpy(np.concatenate(source_rows)) if len(source_rows) > len(patches) else None,
         patches,
     )

@@ -160,7 +160,8 @@ class PaliGemmaBackbone(DecoderBackbone):
             positions = rows_columns[0] * grids[1] + rows_columns[1]
             vision_meta = AttentionMetadata.build(images.vision_cu_seqlens, images.vision_max_seqlen)
             patches = self.vision(images.pixels, positions, vision_meta.to(hidden.device))
-            hidden = hidden.index_copy(0, images.token_rows, self.projector(patches).to(hidden.dtype))
+            projected = images.placed(self.projector(patches))
+            hidden = hidden.index_copy(0, images.token_rows, projected.to(hidden.dtype))
         return self.run_embedded(hidden, batch.positions + 1, meta, rows)
 
     def weight_map(self) -> WeightTargets:

@@ -286,11 +286,11 @@ class VisionLanguageBackbone(DecoderBackbone):
         hidden = self.embed(batch.input_ids)
         vision_meta = AttentionMetadata.build(images.vision_cu_seqlens, images.vision_max_seqlen)
         merged, deepstack = self.visual(images.pixels, images, vision_meta.to(hidden.device))
-        hidden = hidden.index_copy(0, images.token_rows, merged.to(hidden.dtype))
+        hidden = hidden.index_copy(0, images.token_rows, images.placed(merged).to(hidden.dtype))
         theta = config.rope_thetas["full_attention"]
         frequencies = inverse_frequencies(config.head_dim, theta, hidden.device)
         rotary = stream_rotary_tables(images.positions, frequencies, config.rope_streams, hidden.dtype)
-        added = [(images.token_rows, feature.to(hidden.dtype)) for feature in deepstack]
+        added = [(images.token_rows, images.placed(feature).to(hidden.dtype)) for feature in deepstack]
         # the last layer gives every row where DeepStack adds to it (a decoder of no more layers)
         whole = rows is not None and len(added) >= len(self.layers)
         encoded = self.run_layers(hidden, {"full_attention": rotary}, meta, None if whole else rows, added)

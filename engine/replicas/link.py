@@ -95,7 +95,15 @@ class ReplicaLink:
         image_words, patch_dim = 0, 0
         if rows.images is not None:
             entries = [images_of(entry) for entry in rows.images]
-            given = [image for images in entries for image in images]
+            # each image once where several sequences hold it (a ranker's image query, in each pair): each
+            # sequence's images as indexes of the distinct ones, which the replica's sequences then share
+            distinct: dict[int, int] = {}
+            given, held = [], []
+            for image in (image for images in entries for image in images):
+                if id(image) not in distinct:
+                    distinct[id(image)] = len(given)
+                    given.append(image)
+                held.append(distinct[id(image)])
             counts = np.fromiter(map(len, entries), dtype="<i4", count=num_seqs)
             grids = np.asarray([image.shape[:2] for image in given], dtype="<i4").reshape(-1)
             patch_dim = given[0].shape[-1] if given else 0
@@ -103,8 +111,8 @@ class ReplicaLink:
             # one copy, zeros after to whole int32 words
             flat = [image.ravel() for image in given]
             padded = np.concatenate([*flat, np.zeros(-size % 4, np.uint8)]).astype(np.uint8, copy=False)
-            parts += [counts, grids, padded.view("<i4")]
-            image_words = num_seqs + grids.size + padded.size // 4
+            parts += [counts, np.asarray(held, dtype="<i4"), grids, padded.view("<i4")]
+            image_words = num_seqs + len(held) + grids.size + padded.size // 4
         words = sum(part.size for part in parts)
         spot = self.requests.reserve(4 * words)
         if spot is None:

@@ -71,9 +71,10 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     prefix that every sequence continues (int32 [prefix_tokens]: Engine.submit's `prefix`), then with
     `span_words` each sequence's number of span boundaries (int32 [num_seqs], -1: no spans) and the
     boundaries (Engine.submit's `spans`), then with `image_words` each sequence's number of images (int32
-    [num_seqs], 0 for a text), each image's grid of patches (int32 [num_images, 2]: rows and columns) and
-    the patches' pixels (uint8 [patches, patch_dim], RowRequest's `images`, zero bytes after them to a
-    whole word); or the file `spill`. `first_rows` and `columns`: the
+    [num_seqs], 0 for a text), each of those images' index among the distinct images (int32, in order of
+    first use: an image that several sequences hold is sent once), each distinct image's grid of patches
+    (int32 [num_distinct, 2]: rows and columns) and their pixels (uint8 [patches, patch_dim], RowRequest's
+    `images`, zero bytes after them to a whole word); or the file `spill`. `first_rows` and `columns`: the
     rest of Engine.submit's RowRequest."""
 
     id: int

@@ -266,7 +266,9 @@ class _Connection:
             stop = start + run.image_words
             counts = data[start : start + run.num_seqs].tolist()  # each sequence's images
             start += run.num_seqs
-            grids = data[start : start + 2 * sum(counts)].reshape(-1, 2).tolist()
+            held = data[start : start + sum(counts)].tolist()  # each an index of the distinct images
+            start += len(held)
+            grids = data[start : start + 2 * (max(held, default=-1) + 1)].reshape(-1, 2).tolist()
             ends = list(itertools.accumulate((rows * columns for rows, columns in grids), initial=0))
             pixels = data[start + 2 * len(grids) : stop].view(np.uint8)
             pixels = pixels[: ends[-1] * run.patch_dim].reshape(-1, run.patch_dim) if run.patch_dim else None
@@ -277,9 +279,9 @@ class _Connection:
             images = [
                 None
                 if count == 0
-                else grid_images[first]
+                else grid_images[held[first]]
                 if count == 1
-                else tuple(grid_images[first : first + count])
+                else tuple(grid_images[index] for index in held[first : first + count])
                 for count, first in zip(counts, taken)
             ]
         return lengths, ids, types, prefix, spans, images

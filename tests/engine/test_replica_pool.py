@@ -40,6 +40,7 @@ class StandInEngine:
         self.rate = type("Rate", (), {"seconds_per_token": seconds_per_token})()
         self.received: list[tuple[list[list[int]], float | None]] = []
         self.prefixes: list[list[int]] = []
+        self.images: list = []  # each request's RowRequest.images
         self.held = []
 
     def attach(self, intake):
@@ -64,6 +65,8 @@ class StandInEngine:
         prefix = rows.prefix
         if prefix is not None:
             self.prefixes.append(list(map(int, prefix)))
+        if rows.images is not None:
+            self.images.append(rows.images)
         if self.full:
             raise BehindDeadline(9.0, 6.5)
         if self.broken:  # a fault of the replica's own, not a refusal
@@ -244,6 +247,30 @@ def test_payloads_larger_than_the_rings_arrive_through_spill_files(tmp_path, mon
     np.testing.assert_array_equal(first, expected)
     np.testing.assert_array_equal(second, expected[:3])
     assert not list(tmp_path.glob("spill-*"))  # each spill file is gone once read
+
+
+def test_images_travel_with_their_sequences_and_a_shared_one_once(tmp_path):
+    """Each sequence's images cross the ring in order; one that several sequences hold (a vision-language
+    ranker's image query, in each of its pairs) crosses once and reaches the engine as one grid, which the
+    vision tower then runs once (engine/inline_images.py)."""
+    rng = np.random.default_rng(0)
+    query, first, second = (rng.integers(0, 256, (2, columns, 6), dtype=np.uint8) for columns in (2, 4, 2))
+    sequences = [[1, 9, 2, 9, 9, 3], [1, 9, 2, 9, 3], [4, 9], [5, 6]]  # image token 9, merged by 2
+    entries = [(query, first), (query, second), query, None]
+
+    async def body(pool, engines):
+        output = HeadOutput(SEQUENCE, 2, (EMBED,), takes_images=True, image_run=(9, 2))
+        pool.capabilities = msgspec.structs.replace(STAND_IN_CAPABILITIES, output=output)
+        rows = (await pool.enqueue(sequences, rows=RowRequest(images=entries))).rows
+        return rows, engines[0].images
+
+    rows, received = run_with(tmp_path, [{}], body, chunk_tokens=100)
+    np.testing.assert_array_equal(rows, [[sum(ids), len(ids)] for ids in sequences])
+    assert len(received) == 1
+    (one, two), (three, four), alone, text = received[0]
+    for got, sent in ((one, query), (two, first), (three, query), (four, second), (alone, query)):
+        np.testing.assert_array_equal(got, sent)
+    assert one is three is alone and text is None
 
 
 def test_the_time_left_to_the_deadline_travels_with_each_chunk(tmp_path):

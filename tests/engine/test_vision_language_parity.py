@@ -3,8 +3,8 @@ Qwen2VLModel and Qwen3VLModel (its learned positions resampled to each grid, Dee
 M-RoPE) on tiny random checkpoints: the processor's pixels and grids (api/images.py, any size within its
 pixel range), and the last token's normalized row of texts, of texts holding an image, and of an image
 alone, in fp32 within 1e-5, packed together in one batch, through the engine's queue and through two
-replica processes; a sequence whose placeholders do not match its image is refused before it is
-queued."""
+replica processes; an image that several sequences hold runs once; a sequence whose placeholders do not
+match its image is refused before it is queued."""
 
 import asyncio
 import io
@@ -273,3 +273,52 @@ def test_a_sequence_of_two_images_and_texts(inputs, checkpoint):
     np.testing.assert_allclose(got[1], expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(got[4], expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(got[2], inputs[3][1], atol=TOLERANCE, rtol=0)
+
+
+def test_an_image_that_several_sequences_hold_runs_once(inputs, checkpoint):
+    """A vision-language ranker's image query sits in each of its pairs, the same grid: the vision tower
+    runs it once and places its merged tokens in each sequence, whose rows are those each has with a copy
+    of its own (the image alone twice, and beside another image in one sequence), in fp32 within 1e-5;
+    and through the engine's queue and a replica process (the image crosses the request ring once), the
+    same."""
+    from tokenizers import Tokenizer
+
+    from engine.checkpoint.source import ModelSource
+    from engine.replicas.replica_set import ReplicaSet
+
+    spec, sequences, images, expected = inputs
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
+    shared, other = images[1], images[2]
+    pair = [*sequences[1][:-1], *tokenizer.encode(" and then", add_special_tokens=False).ids, *sequences[2]]
+    batch = [sequences[1], pair, sequences[0], sequences[1]]
+    held = [shared, (shared, other), None, shared]
+    copied = [shared.copy(), (shared.copy(), other), None, shared.copy()]
+    model = load_model(spec, "cpu", torch.float32, select_backend("torch", "cpu"))
+    once = pack(batch, images=held, output=model.output)
+    laid = once.images
+    assert len(laid.patches) == 2 and len(laid.vision_cu_seqlens) == 3  # the shared image and the other
+    assert laid.merged_rows is not None and len(laid.merged_rows) == len(laid.token_rows)
+    assert pack(batch, images=copied, output=model.output).images.merged_rows is None
+    with torch.inference_mode():
+        got = model(once).numpy()
+        apart = model(pack(batch, images=copied, output=model.output)).numpy()
+    np.testing.assert_allclose(got, apart, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(got[[0, 2, 3]], expected[[1, 0, 1]], atol=TOLERANCE, rtol=0)
+    config = EngineConfig(device="cpu", dtype="float32")
+    engine = build_engine(spec, config)
+    try:
+        queued = asyncio.run(engine.run(batch, rows=RowRequest(images=held)))
+    finally:
+        engine.stop()
+    np.testing.assert_allclose(queued, apart, atol=TOLERANCE, rtol=0)
+    replica_set = ReplicaSet(ModelSource(str(checkpoint[0])), 1, config)
+    replica_set.start()
+    try:
+
+        async def run():
+            return (await replica_set.pool.enqueue(batch, rows=RowRequest(images=held))).rows
+
+        crossed = asyncio.run(asyncio.wait_for(run(), 120))
+    finally:
+        replica_set.stop()
+    np.testing.assert_allclose(crossed, apart, atol=TOLERANCE, rtol=0)
