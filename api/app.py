@@ -50,7 +50,7 @@ class PosyApp(Litestar):
 
 def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
     server = server or Server(config)
-    hooks = RequestHooks(config.api_key, server.metrics)
+    hooks = RequestHooks(config.api_key, server.metrics, server.admission_estimates)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -60,9 +60,11 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
         except EngineError as refusal:  # `posy serve` says why in one line (api/refusal.py)
             server.refusal = refusal
             raise
+        hooks.start()
         try:
             yield
         finally:
+            hooks.stop()
             await asyncio.to_thread(server.stop)
 
     async def before_request(request: Request) -> None:

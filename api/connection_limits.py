@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +22,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from api.config import ServerConfig
 from api.errors import READ_TIMEOUT, NotReady, ReadTimeout, request_id_of
+from api.hooks import RECEIVED
 from api.responses import error_answer
 
 logger = logging.getLogger(__name__)
@@ -130,6 +132,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # parser callbacks
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["state"][RECEIVED] = time.perf_counter()  # the request's clock (api/hooks.py)
         self.reading = HEAD
 
     def on_headers_complete(self) -> None:

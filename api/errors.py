@@ -104,6 +104,7 @@ class RequestTooLong(InvalidInput):
 class RequestTimeout(ApiError):
     status_code = 504
     error_type = "timeout"
+    refusal = "timeout"
 
     def __init__(self, waited_s: float, timeout_s: float):
         super().__init__(
@@ -164,6 +165,7 @@ class NotReady(ApiError):
 
     status_code = 503
     error_type = "service_unavailable"
+    refusal = "not_ready"
 
     def __init__(self, message: str, retry_after_s: int = 1, close: bool = False):
         super().__init__(message)
@@ -208,6 +210,8 @@ def shape_of(path: str) -> ApiShape:
 
 
 REQUEST_ID = "posy_request_id"
+# why a request was refused for time or load (an error's `refusal`), for the metrics and api/refusals.py
+REFUSAL = "posy_refusal"
 # where the connection's protocol leaves the ReadTimeout it answered a stalled body with, for the
 # request's own reader to raise (api/body.py), so that the metrics count a 408 rather than a 499
 READ_TIMEOUT = "posy_read_timeout"
@@ -270,8 +274,19 @@ def error_response(request: Request, exc: Exception) -> Response:
 
 
 def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]]:
-    """The status, the body in the called API's shape, and the headers of the answer to `exc`."""
-    status, error, headers = _status_and_error(exc, request_id_of(scope))
+    """The status, the body in the called API's shape, and the headers of the answer to `exc`; a refusal
+    for time or load leaves why in the scope's state (REFUSAL), and every 5xx a line in the log (500s as
+    their error is logged)."""
+    request_id = request_id_of(scope)
+    status, error, headers = _status_and_error(exc, request_id)
+    refusal = getattr(exc, "refusal", None)
+    if refusal is not None:
+        scope.setdefault("state", {})[REFUSAL] = refusal
+    if status in (503, 504):
+        logger.warning(
+            "request %s: %d on %s: %s", request_id, status, scope.get("path", ""), error.message,
+            extra={"request_id": request_id},
+        )  # fmt: skip
     shape = shape_of(scope["path"])
     message = error.message_for(shape)
     if shape is ApiShape.COHERE:

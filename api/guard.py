@@ -4,6 +4,7 @@ left in the queue once its client has gone; it notes where the request's time we
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
@@ -15,23 +16,18 @@ from litestar.types import Receive
 from api.config import ServerConfig
 from api.errors import ClientDisconnected, RequestTimeout, RequestTooLarge
 from api.timing import times_of
-from api.tokenizer_pool import StartBy, TokenizerBehind
+from api.tokenizer_pool import StartBy, TokenizerBehind, TokenizingNeverInTime
+from engine.admission import ADMIT_SHARE, TOKENIZE_SHARE, fits_alone
 from engine.errors import BehindDeadline, NeverInTime
 from engine.inline_images import vision_patches
 from engine.interface import EngineInterface
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.request import EngineOutput
-from engine.scheduler import ADMIT_SHARE
 
 T = TypeVar("T")
 # work that comes back sooner needs no watch for the client's disconnect: it is done before a watch
 # could drop it, and a task per request costs the busy event loop more than the model's answer
 WATCH_AFTER_S = 0.005
-# a large input's tokenization is admitted while its estimate (its wait on the encoder's threads and its
-# own time) takes at most this share of what the engine's queue leaves of its time; its parts may start
-# as late as the whole of it allows: the rest absorbs the estimate's error (the threads' rate drifts with
-# what else runs on the host), so that an admitted part is rarely refused as it starts
-TOKENIZE_SHARE = 0.5
 
 
 class RequestGuard:
@@ -46,7 +42,8 @@ class RequestGuard:
     engine's deadline is the request's less what the gateway takes to answer once the rows are back
     (RequestTimes.answer_reserve_s). A request whose engine's queue alone would not finish by then is
     refused as the guard is made, before its inputs are tokenized: under a flood of clients that never
-    back off, a refusal then costs the loop its body's decoding, not its tokenization."""
+    back off, a refusal then costs the loop its body's decoding, not its tokenization. Every refusal for
+    time follows engine/admission.py."""
 
     def __init__(self, engine: EngineInterface, request: Request, config: ServerConfig):
         self.engine = engine
@@ -56,7 +53,7 @@ class RequestGuard:
         self.times = times_of(request.scope)
         self.deadline = self.engine_deadline = None
         if self.timeout_s > 0:
-            self.deadline = self.times.arrived + self.timeout_s
+            self.deadline = self.times.origin + self.timeout_s
             self.engine_deadline = self.deadline - self.times.answer_reserve_s
             self._refuse_if_behind()
         self.num_tokens_asked = 0  # by the request's runs so far, as the engine plans to run them
@@ -69,26 +66,35 @@ class RequestGuard:
         """BehindDeadline where the engine would refuse work of a single token now: its queue alone takes
         more than ADMIT_SHARE of the time left to the engine."""
         backlog = self.engine.backlog_seconds(1)
-        if backlog is not None:
-            left = self.engine_deadline - time.perf_counter()
-            if backlog > ADMIT_SHARE * left:
-                raise BehindDeadline(backlog, left)
+        left = self.engine_deadline - time.perf_counter()
+        if backlog is not None and backlog > ADMIT_SHARE * left:
+            raise BehindDeadline(backlog, left, max(1, math.ceil(backlog - ADMIT_SHARE * self.timeout_s)))
+
+    @property
+    def whole_s(self) -> float:
+        """What a retry of this request would leave its engine work (admission's `whole_s`): the timeout,
+        less the request's own tokenization so far."""
+        return self.timeout_s - (self.times.tokenization_s or 0.0)
 
     def admit_tokenization(
         self, tokenize_s: float | None, own_s: float | None, num_tokens: int
     ) -> StartBy | None:
-        """A large input's tokenization, admitted by the request's deadline as the engine admits its work:
-        of ADMIT_SHARE of the time left, less the engine's queue and its `num_tokens` (backlog_seconds),
-        tokenizing it behind what is queued on the encoder's threads (`tokenize_s`) may take
-        TOKENIZE_SHARE, else it is refused now (TokenizerBehind, a 429) rather than left to wait;
+        """A large input's tokenization, admitted by the request's deadline as the engine admits its work
+        (engine/admission.py): of ADMIT_SHARE of the time left, less the engine's queue and its `num_tokens`
+        (backlog_seconds), tokenizing it behind what is queued on the encoder's threads (`tokenize_s`) may
+        take TOKENIZE_SHARE, else it is refused now (TokenizerBehind, a 429) rather than left to wait;
         admitted, its parts must start on a thread by the returned StartBy, which leaves them all of it.
-        Nothing is refused without a deadline or before the threads have measured, nor work that an idle
-        engine could not finish in time either: run() refuses that (a 400) on its counted tokens, not on
-        this guess of them."""
+        Tokenizing it on idle threads (`own_s`) past TOKENIZE_SHARE of what admission allows of the whole
+        timeout is refused for good (TokenizingNeverInTime, a 400). Nothing is refused without a deadline
+        or before the threads have measured; nor, for now, work that an idle server would not admit at
+        this guess of its tokens: run() judges that (a 400, or a 429) on its counted tokens."""
         if self.engine_deadline is None or tokenize_s is None or own_s is None:
             return None
-        idle_s = self.engine.estimate_seconds(num_tokens)
-        if idle_s is not None and idle_s > self.timeout_s:
+        allowed = TOKENIZE_SHARE * ADMIT_SHARE * self.timeout_s
+        if own_s > allowed:
+            raise TokenizingNeverInTime(own_s, allowed, self.timeout_s)
+        idle_s = self.engine.estimate_seconds(num_tokens) or 0.0
+        if not fits_alone(idle_s + own_s / TOKENIZE_SHARE, self.timeout_s):
             return None
         now = time.perf_counter()
         left = self.engine_deadline - now
@@ -181,8 +187,8 @@ class RequestGuard:
                 # a vision-language model's vision tower runs each patch too, as the engine's queue counts
                 work += sum(map(vision_patches, rows.images))
             estimate = self.engine.estimate_seconds(work)
-            if estimate is not None and estimate > self.timeout_s:
-                raise NeverInTime(estimate, self.timeout_s)
+            if estimate is not None and not fits_alone(estimate, self.whole_s):
+                raise NeverInTime(estimate, ADMIT_SHARE * self.whole_s, self.timeout_s)
         submitted = time.perf_counter()
         work = self.engine.enqueue(token_ids, token_type_ids, self.engine_deadline, rows)
         watch = _Watch(work, self.receive, self.deadline)
@@ -192,11 +198,11 @@ class RequestGuard:
         except asyncio.CancelledError:
             if watch.outcome is None:  # the request's own task was cancelled
                 raise
-            watch.raise_outcome(time.perf_counter() - self.times.arrived, self.timeout_s)
+            watch.raise_outcome(time.perf_counter() - self.times.origin, self.timeout_s)
         finally:
             watch.stop()
             self._working.discard(work)
-        waited = time.perf_counter() - self.times.arrived
+        waited = time.perf_counter() - self.times.origin
         if self.deadline is not None and waited > self.timeout_s:
             # rows that beat the deadline's timer on a busy loop are still late: never a late 200
             raise RequestTimeout(waited, self.timeout_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -69,6 +70,15 @@ class Metrics:
         self.batch_tokens, self.batch_sequences = batch_histograms(counted)
         self._queues = _QueueCollector()
         self.registry.register(self._queues)
+        self.admission = AdmissionCollector()
+        self.registry.register(self.admission)
+        self.refusals = Counter(
+            "posy_refusals",
+            "requests refused for time or load, by route, status and why (queue_full, behind_deadline, "
+            "tokenizer_behind, never_in_time, tokenizing_never_in_time, timeout, not_ready, engine_stopped)",
+            ["route", "status", "reason"],
+            registry=counted,
+        )
         self.model_info = Info(
             "posy_model",
             "how each served model runs: architecture, task, device, dtype, attention backend, CUDA graphs",
@@ -83,6 +93,9 @@ class Metrics:
         self._child(self.latency, route).observe(seconds)
         for stage, stage_seconds in stages:
             self._child(self.stages, route, stage).observe(stage_seconds)
+
+    def count_refusal(self, route: str, status: int, reason: str) -> None:
+        self._child(self.refusals, route, str(status), reason).inc()
 
     def count_prompt_tokens(self, model: str, num_tokens: int) -> None:
         self._child(self.prompt_tokens, model).inc(num_tokens)
@@ -139,6 +152,66 @@ def _observer(tokens: Histogram, sequences: Histogram, model: str) -> Callable[[
         sequences.observe(num_seqs)
 
     return observe
+
+
+class AdmissionCollector:
+    """posy_admission_*: the estimates admission judges on (engine/admission.py), read when scraped, so
+    that an estimate that does not come back shows: each model's engines' seconds a token and margin
+    (one an engine replica, as this gateway last heard), its tokenizer threads' seconds a character and
+    queued characters, and this gateway's answer reserve and event-loop lag."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}  # name -> ServedModel: its engine (rates()) and encoder.pool
+        self.gateway: Callable[[], tuple[float, float]] | None = None
+
+    def track(self, name: str, model: Any) -> None:
+        """A served model, read through when scraped (its engine as it is then)."""
+        self.models[name] = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        per_token = GaugeMetricFamily(
+            "posy_admission_seconds_per_token",
+            "the engine's measured seconds a token, as admission judges queued work on it",
+            labels=["model", "replica"],
+        )
+        margin = GaugeMetricFamily(
+            "posy_admission_margin",
+            "what admission stretches the engine's estimates by",
+            labels=["model", "replica"],
+        )
+        for name, model in self.models.items():
+            for replica, (seconds, stretch) in enumerate(model.engine.rates()):
+                if seconds is not None:
+                    per_token.add_metric([name, str(replica)], seconds)
+                margin.add_metric([name, str(replica)], stretch)
+        per_char = GaugeMetricFamily(
+            "posy_admission_tokenizer_seconds_per_char",
+            "the tokenizer threads' measured seconds a character",
+            labels=["model"],
+        )
+        queued_chars = GaugeMetricFamily(
+            "posy_admission_tokenizer_queued_chars",
+            "characters queued on the tokenizer threads",
+            labels=["model"],
+        )
+        for name, model in self.models.items():
+            pool = model.encoder.pool
+            if pool.seconds_per_char is not None:
+                per_char.add_metric([name], pool.seconds_per_char)
+            queued_chars.add_metric([name], pool.queued_chars)
+        yield from (per_token, margin, per_char, queued_chars)
+        if self.gateway is not None:
+            reserve, lag = self.gateway()
+            yield GaugeMetricFamily(
+                "posy_admission_answer_reserve_seconds",
+                "what this gateway keeps of a request's time for answering once its rows are back",
+                value=reserve,
+            )
+            yield GaugeMetricFamily(
+                "posy_admission_loop_lag_seconds",
+                "this gateway's event loop's worst lag of the last second (a request's unread wait)",
+                value=lag,
+            )
 
 
 class _QueueCollector:

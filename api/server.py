@@ -141,17 +141,17 @@ class Server:
             if spec.images is not None:
                 image_pool = TokenizerPool(self.config.image_threads, self._decode_turns)
                 keep_freed_memory()  # its threads' buffers reused, not faulted in anew an image
-            served.append(
-                ServedModel(
-                    names=names,
-                    spec=spec,
-                    encoder=encoder,
-                    engine=engine,
-                    late_interaction=late,
-                    listwise=listwise_model(spec, encoder, engine),
-                    image_pool=image_pool,
-                )
+            model = ServedModel(
+                names=names,
+                spec=spec,
+                encoder=encoder,
+                engine=engine,
+                late_interaction=late,
+                listwise=listwise_model(spec, encoder, engine),
+                image_pool=image_pool,
             )
+            served.append(model)
+            self.metrics.admission.track(names[0], model)
             logger.info(
                 "serving %s as %s (%s, window %d)",
                 spec.path,
@@ -163,6 +163,23 @@ class Server:
         if self._remote is None:  # a gateway worker's supervisor says it once for all of them
             described = [(model.names, model.spec, model.engine.describe()) for model in served]
             logger.info("%s", startup_summary(self.config, engine_config, described, num_replicas))
+
+    def admission_estimates(self) -> str:
+        """What admission judges each model's work on now, in words (api/refusals.py)."""
+        if self._registry is None:
+            return "none yet"
+        described = []
+        for model in self._registry.models:
+            engines = ", ".join(
+                "not measured" if seconds is None else f"{seconds * 1e3:.4f} ms a token (margin {margin:.2f})"
+                for seconds, margin in model.engine.rates()
+            )
+            pool = model.encoder.pool
+            per_char = pool.seconds_per_char
+            tokenizer = "not measured" if per_char is None else f"{per_char * 1e6:.3f} us a character"
+            queued = f"{pool.queued_chars} characters queued"
+            described.append(f"{model.name}: engine {engines}; tokenizer {tokenizer}, {queued}")
+        return "; ".join(described)
 
     def stop(self) -> None:
         self.draining = True

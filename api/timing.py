@@ -16,19 +16,28 @@ STAGES = ("tokenization", "queue", "inference")
 NUM_ANSWERS = 64
 ANSWER_QUANTILE = 0.95
 RANK_EVERY = 8
+RECOVERY_HALF_LIFE_S = 2.0
 
 
 @dataclass(slots=True)
 class RequestTimes:
-    arrived: float  # time.perf_counter()
+    arrived: float  # time.perf_counter() when the gateway read its first bytes
     # of its --request-timeout, what the gateway keeps for itself once the rows are back (AnswerTime's
     # reserve when the request arrived): the engine must finish that much before the deadline
     answer_reserve_s: float = 0.0
+    # how long its bytes may have waited unread before `arrived` (api/loop_lag.py): its deadline counts
+    # from `origin`, so that an answer in time by the gateway's clock is in time at the client
+    unseen_s: float = 0.0
     rows_back: float | None = None  # when its last rows were back, as the engine's clock counts them
     answered: float | None = None  # when its response started
     tokenization_s: float | None = None
     queue_s: float | None = None  # of the model's work: the slowest chunk's where a request was split
     inference_s: float | None = None
+
+    @property
+    def origin(self) -> float:
+        """When the request is taken to have reached the host: its deadline counts from here."""
+        return self.arrived - self.unseen_s
 
     def add_tokenization(self, seconds: float) -> None:
         self.tokenization_s = seconds + (self.tokenization_s or 0.0)
@@ -83,18 +92,29 @@ class AnswerTime:
     """How long this gateway takes to answer once a request's rows are back, over its last NUM_ANSWERS
     answered requests: a loop busy with a flood of clients resumed a request a second after its rows
     came, past --request-timeout. Admission gives the engine the time left less ANSWER_QUANTILE of it
-    (reserve_s), so that work admitted in time is answered in time. One per gateway process."""
+    (reserve_s), so that work admitted in time is answered in time. As the latest answer ages the reserve
+    halves every RECOVERY_HALF_LIFE_S: a flood's slow answers do not shorten every request's time once
+    it is over, with no answers coming to say so. One per gateway process."""
 
-    __slots__ = ("_recent", "_count", "reserve_s")
+    __slots__ = ("_recent", "_count", "_ranked_s", "_latest_at")
 
     def __init__(self) -> None:
         self._recent: deque[float] = deque(maxlen=NUM_ANSWERS)
         self._count = 0
-        self.reserve_s = 0.0
+        self._ranked_s = 0.0
+        self._latest_at = 0.0
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: float, at: float | None = None) -> None:
         self._recent.append(max(0.0, seconds))
+        self._latest_at = time.perf_counter() if at is None else at
         self._count += 1
         if self._count <= RANK_EVERY or self._count % RANK_EVERY == 0:
             ranked = sorted(self._recent)
-            self.reserve_s = ranked[min(len(ranked) - 1, int(ANSWER_QUANTILE * len(ranked)))]
+            self._ranked_s = ranked[min(len(ranked) - 1, int(ANSWER_QUANTILE * len(ranked)))]
+
+    def reserve_s(self, now: float | None = None) -> float:
+        """The reserve at `now` (time.perf_counter(); by default now)."""
+        if not self._ranked_s:
+            return 0.0
+        age = max(0.0, (time.perf_counter() if now is None else now) - self._latest_at)
+        return self._ranked_s * 0.5 ** (age / RECOVERY_HALF_LIFE_S)

@@ -84,7 +84,7 @@ class TextEncoder:
             self.pair = PairTemplate.from_tokenizer(self.tokenizer)
         started = time.perf_counter()
         sample_tokens = sum(map(len, self.content_ids([RATE_SAMPLE])))
-        self.pool.observe(len(RATE_SAMPLE), time.perf_counter() - started)
+        self.pool.observe_idle(len(RATE_SAMPLE), time.perf_counter() - started)
         # the texts' measured tokens a character, one list that prompted() encoders share
         self._tokens_per_char = [sample_tokens / len(RATE_SAMPLE)]
 

@@ -5,25 +5,42 @@ others' and its own) before it waits; and the latest start a queued part may sti
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from api.decode_turns import GatewayTurns
-from engine.errors import BehindDeadline, EngineError
+from engine.errors import BehindDeadline, EngineError, NeverInTime
 from engine.service_rate import MovingRate
 
 T = TypeVar("T")
 NUM_PARTS = 64  # the moving window of measured parts
+# a rate slower than the start-up's sample (taken while the threads were idle; an image pool's: its
+# fastest part) halves its excess every this many seconds without a new part (MovingRate): parts measured
+# on a busy host do not refuse, for ever, the work that the quiet host does in time
+RECOVERY_HALF_LIFE_S = 2.0
+
+
+class TokenizingNeverInTime(NeverInTime):
+    """Tokenizing a request's input alone, on idle threads, would take more than admission allows of the
+    whole request timeout: a 400, which no retry passes."""
+
+    refusal = "tokenizing_never_in_time"
+
+    def __init__(self, needed_s: float, allowed_s: float, timeout_s: float):
+        NeverInTime.__init__(self, needed_s, allowed_s, timeout_s, "tokenizing this request")
 
 
 class TokenizerBehind(BehindDeadline):
     """The tokenizer's threads could not finish a request's input within the time its deadline leaves
     them: a 429, whose Retry-After is how far past that time it would be."""
+
+    refusal = "tokenizer_behind"
 
     def __init__(self, needed_s: float, allowed_s: float):
         EngineError.__init__(
@@ -70,8 +87,8 @@ class TokenizerPool:
         self.num_threads = max(1, num_threads)
         self.turns = turns
         self._threads = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="posy-tokenize")
-        self._parts = MovingRate(NUM_PARTS)
-        self._queued_chars = 0  # of parts submitted and not yet finished (or refused)
+        self._parts = MovingRate(NUM_PARTS, RECOVERY_HALF_LIFE_S)
+        self._queued_chars = 0  # of parts submitted and not yet finished (or refused, or cancelled)
         self._lock = threading.Lock()
 
     def observe(self, num_chars: int, seconds: float) -> None:
@@ -80,6 +97,12 @@ class TokenizerPool:
             return
         with self._lock:
             self._parts.add(num_chars, seconds)
+
+    def observe_idle(self, num_chars: int, seconds: float) -> None:
+        """A sample of `num_chars` took `seconds` on idle threads (at start-up): the rate an aged one
+        returns to, and its first observation."""
+        self.observe(num_chars, seconds)
+        self._parts.measured_reference = seconds / num_chars
 
     @property
     def seconds_per_char(self) -> float | None:
@@ -91,10 +114,14 @@ class TokenizerPool:
 
     def seconds_for(self, num_chars: int, behind_queued: bool = True) -> float | None:
         """How long `num_chars` characters split over the threads take to come back: behind what is queued
-        on them, or (`behind_queued` False) on idle threads; None before any part was measured."""
+        on them, or (`behind_queued` False) on idle threads, at the faster of the rate and the idle
+        sample's; None before any part was measured."""
         per_char = self.seconds_per_char
         if per_char is None:
             return None
+        reference = self._parts.reference
+        if not behind_queued and reference is not None:
+            per_char = min(per_char, reference)
         queued = self._queued_chars if behind_queued else 0
         return (queued + num_chars) * per_char / self.num_threads
 
@@ -119,14 +146,28 @@ class TokenizerPool:
         if part_size is not None:
             order = sorted(order, key=sizes.__getitem__, reverse=True)
         first = self.turns.take(len(parts)) if self.turns is not None else None  # tickets, in `order`
-        running = {
-            index: loop.run_in_executor(
-                self._threads, self._run, work, *parts[index], sizes[index], start_by,
+        running = {}
+        for turn, index in enumerate(order):
+            submitted = self._threads.submit(
+                self._run,
+                work,
+                *parts[index],
+                sizes[index],
+                start_by,
                 None if first is None else first + turn,
             )
-            for turn, index in enumerate(order)
-        }  # fmt: skip
+            # a part cancelled before it started (its request gone) never runs _run, whose end releases
+            # its characters and its turn: they are released here
+            submitted.add_done_callback(functools.partial(self._unstarted, sizes[index], first is not None))
+            running[index] = asyncio.wrap_future(submitted, loop=loop)
         return await asyncio.gather(*(running[index] for index in range(len(parts))), return_exceptions=True)
+
+    def _unstarted(self, num_chars: int, has_turn: bool, part: Future) -> None:
+        if part.cancelled():
+            with self._lock:
+                self._queued_chars -= num_chars
+            if has_turn:
+                self.turns.finish()
 
     def _run(
         self,

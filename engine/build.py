@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -22,6 +21,7 @@ from engine.runner import ModelRunner
 from engine.weights import load_model
 
 logger = logging.getLogger(__name__)
+FALLBACK_PROBE_LENGTH = 128
 
 
 def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver | None = None) -> Engine:
@@ -96,6 +96,8 @@ def fallback_engine(
     runner = ModelRunner(model, device, None)
     runner.step(pack([[0, 1]])).result()
     engine = Engine(runner, config, on_batch)
+    # short sequences: an unknown family's window may overrun its position table (served_window)
+    seed_rate(engine, min(spec.max_seq_length, FALLBACK_PROBE_LENGTH))
     inner = getattr(model, "model", None) or model.backbone.model
     engine.attention_backend = f"transformers ({inner.attention_implementation})"
     logger.info(
@@ -114,15 +116,14 @@ def seed_rate(engine: Engine, window: int) -> None:
     batch of the smallest size the rate measures, run first eagerly (and again for a CUDA graph's
     capture) and then timed as served, is its first observation; real batches soon outweigh it. Before,
     every request was admitted until a large batch had run, and a burst of them outlasted a short
-    --request-timeout (504s)."""
+    --request-timeout (504s). The idle engine times the same batch again (its probes)."""
     tokens = engine.rate.min_tokens
     lengths = [window] * (tokens // window) + ([tokens % window] if tokens % window else [])
     batch = pack([[0] * length for length in lengths])
     for _ in range(2 if engine.runner.graphs is not None else 1):  # eager (and a graph's capture)
         engine.runner.step(batch).result()
-    started = time.perf_counter()
-    engine.runner.step(batch).result()
-    engine.rate.observe(batch.num_tokens, time.perf_counter() - started)
+    engine.probe_batch = batch  # the idle engine's probes time it again (ServiceRate.probe_due)
+    engine.probe()
 
 
 def warm_up_batches(window: int) -> list[list[list[int]]]:

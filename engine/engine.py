@@ -14,7 +14,8 @@ from typing import Protocol
 
 import torch
 
-from engine.batch import check_images, check_spans, pack, rows_per_sequence, sequence_rows
+from engine.admission import stretched
+from engine.batch import PackedBatch, check_images, check_spans, pack, rows_per_sequence, sequence_rows
 from engine.config import EngineConfig
 from engine.errors import BehindDeadline, EngineError, EngineStopped, SequenceTooLong
 from engine.inline_images import vision_patches
@@ -94,6 +95,10 @@ class Engine(EngineInterface):
         self._thread: threading.Thread | None = None
         self._last_finished = 0.0
         self._intake: Intake | None = None
+        # the batch an idle engine times to measure itself again (set by build_engine's seed_rate; None:
+        # it never probes), and who hears when a probe changed its rate (a replica tells its gateways)
+        self.probe_batch: PackedBatch | None = None
+        self.on_rate_change: Callable[[], None] | None = None
 
     @property
     def output(self) -> HeadOutput:
@@ -154,15 +159,22 @@ class Engine(EngineInterface):
         return tokens_to_run(lengths, self.config.max_batch_tokens, prefix_length)
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
-        """How long `num_tokens` tokens take on this engine when idle; None before it has measured."""
-        per_token = self.rate.seconds_per_token
-        return None if per_token is None else num_tokens * per_token
+        """How long `num_tokens` tokens take on this engine when idle, at its probes' rate and stretched by
+        its margin as admission judges it (engine/admission.py); None before it has measured."""
+        per_token = self.rate.idle_seconds_per_token
+        return None if per_token is None else num_tokens * per_token * self.rate.margin
+
+    def rates(self) -> list[tuple[float | None, float]]:
+        return [(self.rate.seconds_per_token, self.rate.margin)]
 
     def backlog_seconds(self, num_tokens: int) -> float | None:
         """How long `num_tokens` more, queued now, would take to come back behind the queue, as admission
-        judges it (its margin included); None before it has measured."""
-        estimate = self.rate.seconds_for(self.scheduler.queued_tokens + num_tokens)
-        return None if estimate is None else estimate * self.rate.margin
+        judges it (engine/admission.py); None before it has measured."""
+        per_token = self.rate.seconds_per_token
+        if per_token is None:
+            return None
+        ahead = self.scheduler.queued_tokens * per_token + self.rate.in_flight_left()
+        return stretched(num_tokens * per_token, ahead, self.rate.margin)
 
     def enqueue(
         self,
@@ -261,15 +273,36 @@ class Engine(EngineInterface):
             if launched is None and in_flight is not None and self._overlap_wait(in_flight) > 0:
                 continue  # nothing came and the batch still runs: listen again
             if launched is not None:
-                self.rate.busy_since = launched.launched_at
+                self.rate.launched(launched.launched_at)
             elif in_flight is None:
-                self.rate.busy_since = None
+                self.rate.launched(None)
             if in_flight is not None:
                 self._finish(in_flight)
             in_flight = launched
             if in_flight is None and self.scheduler.stopped and not batch:
                 self._fail_queued()
                 return
+            if in_flight is None and not batch and self.probe_batch is not None:
+                if not self.scheduler.queued_tokens and self.rate.probe_due(time.perf_counter()):
+                    self.probe()
+
+    def probe(self) -> None:
+        """Time probe_batch and give the rate its measure (the engine's thread while idle, or before the
+        engine starts): a request that comes meanwhile waits for it as for a batch on the device."""
+        batch = self.probe_batch
+        started = time.perf_counter()
+        per_token = self.rate.idle_seconds_per_token
+        self.rate.launched(started, None if per_token is None else batch.num_tokens * per_token)
+        try:
+            self.runner.step(batch).result()
+        except Exception:  # a probe that fails measures nothing; the next real batch says what is wrong
+            logger.exception("engine probe failed")
+            return
+        finally:
+            self.rate.launched(None)
+        changed = self.rate.observe_probe(batch.num_tokens, time.perf_counter() - started)
+        if changed and self.on_rate_change is not None:
+            self.on_rate_change()
 
     def _overlap_wait(self, in_flight: _InFlight) -> float:
         """Seconds to listen for new work before looking at `in_flight` again; 0: block on its rows now
@@ -285,7 +318,7 @@ class Engine(EngineInterface):
         launched_at = time.perf_counter()
         # busy from now: on the CPU the step computes the whole batch before it returns, and admission
         # meanwhile counts what is left of it (ServiceRate.seconds_for)
-        self.rate.busy_since = launched_at
+        self.rate.launched(launched_at)
         owner = None
         for sequence in batch:
             if sequence.owner is not owner:

@@ -42,11 +42,18 @@ class EngineInterface(Protocol):
         return (await self.enqueue(token_ids, token_type_ids, rows=rows)).rows
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
-        """How long `num_tokens` take on it idle; None before it has measured."""
+        """How long `num_tokens` take on it idle (at the rate an idle engine measures), as admission judges
+        it (engine/admission.py: stretched by the margin); None before it has measured."""
         ...
 
     def backlog_seconds(self, num_tokens: int) -> float | None:
-        """How long `num_tokens` queued now would take to come back, as admission judges it."""
+        """How long `num_tokens` queued now would take to come back behind its queue, as admission judges
+        it (engine/admission.py)."""
+        ...
+
+    def rates(self) -> list[tuple[float | None, float]]:
+        """(seconds a token, margin) that admission judges each of its engines on (one a replica), for
+        /metrics and the logs."""
         ...
 
     def shares_prefix(self, prefix_length: int, lengths: Sequence[int]) -> bool:

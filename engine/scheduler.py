@@ -9,13 +9,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.errors import BehindDeadline, EngineStopped, Overloaded
+from engine.admission import BATCH_SHARE, admit, stretched
+from engine.errors import EngineStopped, Overloaded
 from engine.outputs import ALL_ROWS, RowRequest
 from engine.service_rate import ServiceRate
-
-# admitted work must finish inside its deadline: the estimate may take this share of the time left, the
-# rest covers the rate's drift between batches
-ADMIT_SHARE = 0.9
 
 
 @dataclass(slots=True, eq=False)
@@ -92,9 +89,11 @@ class Scheduler:
     """Strict FIFO over sequences: a batch takes sequences from the front while they fit; the first
     one that does not fit stays at the front and closes the batch. A cancelled request's sequences
     not yet taken are dropped. With a ServiceRate, a request with a deadline is admitted only while the
-    work queued ahead of it plus its own is estimated to finish before it; and one that, come to the
-    front, would no longer finish before it (the host slowed the engine after its admission) is not run
-    but set aside, for its owner to refuse (take_expired): never answered late, and no batch spent on it."""
+    work queued ahead of it plus its own is estimated to finish before it (engine/admission.py); and one
+    that, come to the front, would no longer finish before it (the host slowed the engine after its
+    admission) is not run but set aside, for its owner to refuse (take_expired): never answered late, and
+    no batch spent on it. So is one whose first batches ran, where the rest of it, at the rate now measured,
+    would come back after its deadline."""
 
     def __init__(
         self,
@@ -121,9 +120,10 @@ class Scheduler:
     def submit(self, request: QueuedRequest, deadline: float | None = None) -> tuple[float, float] | None:
         """Queue one request's sequences together, or refuse them all with Overloaded. An empty queue
         admits any number of tokens, so a request larger than the queue still runs; `deadline`
-        (time.perf_counter) refuses work that would finish after it (BehindDeadline): the rate's
-        estimate, stretched by its margin, must fit in ADMIT_SHARE of the time left. Returns (estimate,
-        time left) where the deadline was judged on an estimate."""
+        (time.perf_counter) refuses work that would finish after it (BehindDeadline, engine/admission.py:
+        the rate's estimate, stretched by its margin where work is ahead, must fit ADMIT_SHARE of the time
+        left). Returns (estimate, time left) where the deadline was judged on an estimate (the estimate
+        unstretched)."""
         if not request.lengths:
             raise ValueError("a request needs at least one sequence")
         num_tokens = request.remaining_tokens
@@ -133,13 +133,13 @@ class Scheduler:
             if self._queue and self._queued_tokens + num_tokens > self.max_queue_tokens:
                 raise Overloaded(self._queued_tokens, self.max_queue_tokens)
             judged = None
-            if deadline is not None and self.rate is not None:
-                estimate = self.rate.seconds_for(self._queued_tokens + num_tokens)
+            per_token = None if deadline is None or self.rate is None else self.rate.seconds_per_token
+            if per_token is not None:
+                own = num_tokens * per_token
+                ahead = self._queued_tokens * per_token + self.rate.in_flight_left()
                 left = deadline - time.perf_counter()
-                if estimate is not None:
-                    if estimate * self.rate.margin > ADMIT_SHARE * left:
-                        raise BehindDeadline(estimate * self.rate.margin, left)
-                    judged = estimate, left
+                admit(own, ahead, self.rate.margin, left, left)
+                judged = own + ahead, left
             request.deadline = deadline
             self._queue.append(request)
             self._queued_tokens += num_tokens
@@ -186,15 +186,17 @@ class Scheduler:
         due: float | None = None  # the earliest deadline of a request in the batch
         while self._queue and len(batch) < self.max_batch_seqs:
             head = self._queue[0]
-            if head.is_cancelled() or (head.taken == 0 and self._expires(head, num_tokens)):
+            if head.is_cancelled() or self._expires(head, num_tokens):
                 self._queue.popleft()
                 self._queued_tokens -= head.remaining_tokens
                 continue
-            # a batch's rows all come back at its end: a request that would make it end past the earliest
-            # deadline in it waits for the next batch (a request already begun in it goes on: it needs all
-            # its sequences back)
-            if batch and head.taken == 0 and due is not None:
-                if self._ends_after(min(self.max_batch_tokens, num_tokens + head.remaining_tokens), due):
+            # a batch's rows all come back at its end: a request that would make it take more than
+            # BATCH_SHARE of what the earliest deadline in it (its own included) leaves waits for the next
+            # batch (a request already begun in it goes on: it needs all its sequences back)
+            if batch and head.taken == 0:
+                earliest = head.deadline if due is None else min(due, head.deadline or due)
+                joined = min(self.max_batch_tokens, num_tokens + head.remaining_tokens)
+                if earliest is not None and self._ends_after(joined, earliest):
                     break
             length = head.lengths[head.taken]
             # a request's prefix goes first, once a batch, before the first of its sequences there
@@ -226,25 +228,41 @@ class Scheduler:
         return batch
 
     def _expires(self, request: QueuedRequest, ahead_tokens: int) -> bool:
-        """Whether `request`, at the front, would come back after its deadline (its own work and the
-        `ahead_tokens` of the batch it would join); if so it is set aside."""
+        """Whether `request`, at the front, would come back after its deadline (its own work behind the
+        `ahead_tokens` of the batch it would join, as admission stretches them; once begun, the rest of it
+        at the bare rate: what ran of it is spent, and only a certain overrun is worth dropping it for); if
+        so it is set aside."""
         if request.deadline is None:
             return False
-        late = self._late(ahead_tokens + request.remaining_tokens, request.deadline)
+        if request.taken == 0:
+            late = self._late(request.remaining_tokens, ahead_tokens, request.deadline)
+        elif ahead_tokens == 0:  # a new batch would carry on with it
+            late = self._late(request.remaining_tokens, 0, request.deadline, margin=False)
+        else:
+            return False
         if late is not None:
             self._expired.append((request, *late))
         return late is not None
 
     def _ends_after(self, num_tokens: int, deadline: float) -> bool:
-        """Whether a batch of `num_tokens` would come back after `deadline`."""
-        return self._late(num_tokens, deadline) is not None
+        """Whether a batch of `num_tokens` would take more than BATCH_SHARE of the time to `deadline` (behind
+        what is left of the batch on the device), at the guarded rate, unstretched."""
+        per_token = self.rate.guarded_seconds_per_token if self.rate is not None else None
+        if per_token is None:
+            return False
+        estimate = num_tokens * per_token + self.rate.in_flight_left()
+        return estimate > BATCH_SHARE * (deadline - time.perf_counter())
 
-    def _late(self, num_tokens: int, deadline: float) -> tuple[float, float] | None:
-        """(estimate, time left) where `num_tokens` queued now would come back after `deadline`: at the rate,
-        stretched by its margin, behind what is left of the batch on the device; None where in time or
-        not yet measured."""
-        estimate = self.rate.seconds_for(num_tokens) if self.rate is not None else None
-        if estimate is None:
+    def _late(
+        self, own_tokens: int, ahead_tokens: int, deadline: float, margin: bool = True
+    ) -> tuple[float, float] | None:
+        """(estimate, time left) where `own_tokens` behind `ahead_tokens` and what is left of the batch on
+        the device would come back after `deadline`: at the guarded rate (ServiceRate's), stretched as
+        admission stretches it (unless `margin` is False); None where in time or not yet measured."""
+        per_token = self.rate.guarded_seconds_per_token if self.rate is not None else None
+        if per_token is None:
             return None
+        own, ahead = own_tokens * per_token, ahead_tokens * per_token + self.rate.in_flight_left()
+        estimate = stretched(own, ahead, self.rate.margin) if margin else own + ahead
         left = deadline - time.perf_counter()
-        return (estimate * self.rate.margin, left) if estimate * self.rate.margin > left else None
+        return (estimate, left) if estimate > left else None

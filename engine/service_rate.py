@@ -1,9 +1,11 @@
-"""ServiceRate: how fast an engine works through queued tokens, measured on its own recent batches, so
-that admission can say whether work queued now finishes before its deadline; and how far the requests it
-admitted overran their estimates, which admission then allows for. Plain Python, no torch."""
+"""ServiceRate: how fast an engine works through queued tokens, measured on its own recent batches and, when
+idle, on probes of its own, so that admission can say whether work queued now finishes before its
+deadline; and how far the requests it admitted overran their estimates, which admission then allows for.
+Plain Python, no torch."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -25,34 +27,76 @@ MAX_MARGIN = 2.0
 # until this many requests were checked the margin is MAX_MARGIN: a server's first burst of requests
 # (tokenized all at once, beside the engine) overran estimates the most, by 2.5 times on 2 CPU cores
 MIN_CHECKED = 8
+# an idle engine measures itself again (a probe: one batch of min_tokens) once its latest measurement is
+# PROBE_AFTER_S old, and again at intervals that double while probes find what it had, up to
+# MAX_PROBE_INTERVAL_S: batches measured on a busy host would otherwise stand, with no traffic admitted
+# to measure again, and refuse for ever work that the quiet host finishes in time
+PROBE_AFTER_S = 1.0
+MAX_PROBE_INTERVAL_S = 8.0
+# a probe this many times faster or slower than the batches' rate replaces them (they measured another
+# host than the one now); within it, it is one more observation
+PROBE_TOLERANCE = 1.25
 
 
 class MovingRate:
     """Seconds a unit (a token, a character) over the last `window` observations: their summed seconds
-    over their summed units. Its owner serializes `add`; a read takes one tuple, never half an update."""
+    over their summed units. With a `half_life_s`, a rate slower than its reference (what the work takes
+    on a quiet host: one measured so, or else the fastest observation yet) is pulled back toward it as its
+    latest observation ages: its excess halves every half_life_s without a new one, so that a rate taken
+    on a busy host does not outlive the busy spell when no traffic comes to measure it again. Its owner
+    serializes `add`; a read takes one tuple, never half an update."""
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, half_life_s: float | None = None):
         self._observations: deque[tuple[int, float]] = deque(maxlen=window)
         self._totals = (0, 0.0)
+        self.half_life_s = half_life_s
+        self.measured_reference: float | None = None  # set by its owner from a quiet host's measure
+        self._fastest: float | None = None
+        self.latest_at = 0.0  # time.perf_counter() of the latest observation
 
-    def add(self, units: int, seconds: float) -> None:
+    def add(self, units: int, seconds: float, at: float | None = None) -> None:
         total_units, total_seconds = self._totals
         if len(self._observations) == self._observations.maxlen:
             old_units, old_seconds = self._observations[0]
             total_units, total_seconds = total_units - old_units, total_seconds - old_seconds
         self._observations.append((units, seconds))
         self._totals = (total_units + units, total_seconds + seconds)
+        self.latest_at = time.perf_counter() if at is None else at
+        if units and (self._fastest is None or seconds / units < self._fastest):
+            self._fastest = seconds / units
+
+    def restart(self, units: int, seconds: float, at: float | None = None) -> None:
+        """The window holds this observation only (the earlier ones measured another host)."""
+        self._observations.clear()
+        self._totals = (0, 0.0)
+        self.add(units, seconds, at)
+
+    @property
+    def measured(self) -> float | None:
+        """The window's own rate, not pulled toward the reference."""
+        units, seconds = self._totals
+        return seconds / units if units else None
+
+    @property
+    def reference(self) -> float | None:
+        return self.measured_reference if self.measured_reference is not None else self._fastest
 
     @property
     def seconds_per_unit(self) -> float | None:
-        units, seconds = self._totals
-        return seconds / units if units else None
+        measured, reference = self.measured, self.reference
+        if measured is None:
+            return reference
+        if reference is None or self.half_life_s is None or measured <= reference:
+            return measured
+        age = max(0.0, time.perf_counter() - self.latest_at)
+        return reference + (measured - reference) * 0.5 ** (age / self.half_life_s)
 
 
 class ServiceRate:
     """Seconds per token over the last NUM_BATCHES measured batches, each batch's time being how long the
     engine was busy with it: from its launch, or from the previous batch's end where batches overlap,
-    to its rows being back. None until a batch large enough to measure has run."""
+    to its rows being back; and the idle engine's probes (probe_due, observe_probe). None until a batch
+    large enough to measure (or a probe) has run."""
 
     def __init__(self, max_batch_tokens: int):
         self.max_batch_tokens = max_batch_tokens
@@ -63,8 +107,13 @@ class ServiceRate:
         self.margin = MAX_MARGIN  # what admission multiplies an estimate by (set by the engine's thread)
         self._lock = threading.Lock()
         # when the batch now on the device was launched (time.perf_counter); None while idle. Set by
-        # the engine's thread
+        # the engine's thread (launched)
         self.busy_since: float | None = None
+        self._busy_for: float | None = None  # how long it is expected to take; None: as the latest batch
+        self._probe_interval = PROBE_AFTER_S
+        self.num_probes = 0
+        self._idle: float | None = None  # seconds a token of the latest probe
+        self._latest: float | None = None  # ... of the latest measured batch or probe
 
     @property
     def min_tokens(self) -> int:
@@ -82,6 +131,34 @@ class ServiceRate:
         with self._lock:
             self._batches.add(num_tokens, busy_s)
             self._last_batch_s = busy_s
+            self._latest = busy_s / num_tokens
+            self._probe_interval = PROBE_AFTER_S
+
+    def probe_due(self, now: float) -> bool:
+        """Whether an idle engine should probe now: it has measured before, and its latest measurement is
+        older than the current probe interval."""
+        return self._batches.measured is not None and now - self._batches.latest_at >= self._probe_interval
+
+    def observe_probe(self, num_tokens: int, seconds: float) -> bool:
+        """A probe's batch of `num_tokens` took `seconds` (the engine's thread, idle otherwise); -> whether
+        it changed the rate beyond PROBE_TOLERANCE (then it replaces the batches, and the next probe
+        comes PROBE_AFTER_S later; else the interval doubles)."""
+        if seconds <= 0:
+            return False
+        with self._lock:
+            measured = self._batches.measured
+            ratio = math.inf if measured is None else (seconds / num_tokens) / measured
+            changed = not 1 / PROBE_TOLERANCE <= ratio <= PROBE_TOLERANCE
+            if changed:
+                self._batches.restart(num_tokens, seconds)
+                self._probe_interval = PROBE_AFTER_S
+            else:
+                self._batches.add(num_tokens, seconds)
+                self._probe_interval = min(MAX_PROBE_INTERVAL_S, 2 * self._probe_interval)
+            self._last_batch_s = seconds
+            self._idle = self._latest = seconds / num_tokens
+            self.num_probes += 1
+        return changed
 
     @staticmethod
     def checks(estimate_s: float, left_s: float) -> bool:
@@ -102,6 +179,20 @@ class ServiceRate:
     def seconds_per_token(self) -> float | None:
         return self._batches.seconds_per_unit
 
+    @property
+    def guarded_seconds_per_token(self) -> float | None:
+        """What queued work is held to its deadline on: the rate, or the latest batch's where that was slower
+        (a host that slows shows in one batch, long before it moves the window's rate)."""
+        rate = self.seconds_per_token
+        if rate is None or self._latest is None:
+            return rate
+        return max(rate, self._latest)
+
+    @property
+    def idle_seconds_per_token(self) -> float | None:
+        """What an idle engine takes a token: its latest probe's rate (before any probe, the batches')."""
+        return self._idle if self._idle is not None else self.seconds_per_token
+
     def seconds_for(self, num_tokens: int) -> float | None:
         """How long `num_tokens` queued tokens take to come back: their share of the rate, plus what is
         left of the batch on the device, if any (taken to last as long as the latest measured one);
@@ -109,8 +200,19 @@ class ServiceRate:
         per_token = self.seconds_per_token
         if per_token is None:
             return None
-        busy_since = self.busy_since
-        left = (
-            0.0 if busy_since is None else max(0.0, self._last_batch_s - (time.perf_counter() - busy_since))
+        return num_tokens * per_token + self.in_flight_left()
+
+    def launched(self, at: float | None, expected_s: float | None = None) -> None:
+        """A batch went to the device at `at` (None: the engine is idle), expected to take `expected_s` (None:
+        as long as the latest measured batch)."""
+        self._busy_for = expected_s
+        self.busy_since = at
+
+    def in_flight_left(self) -> float:
+        """What is left of the batch on the device (0 while idle)."""
+        busy_since, busy_for = self.busy_since, self._busy_for
+        if busy_since is None:
+            return 0.0
+        return max(
+            0.0, (self._last_batch_s if busy_for is None else busy_for) - (time.perf_counter() - busy_since)
         )
-        return num_tokens * per_token + left

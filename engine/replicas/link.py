@@ -69,7 +69,7 @@ class ReplicaLink:
         token_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int] | None] | None,
         num_tokens: int,
-        time_left_s: float | None,
+        deadline: float | None,
         rows: RowRequest = ALL_ROWS,
     ) -> None:
         """Write the chunk's lengths, ids (and types, and its RowRequest's prefix, spans and images) into the
@@ -134,7 +134,7 @@ class ReplicaLink:
                 offset,
                 end,
                 spill,
-                time_left_s,
+                deadline,
                 self.replies_read,
                 0 if prefix is None else len(prefix),
                 span_words,

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.admission import stretched
 from engine.batch import check_images, check_spans
 from engine.errors import EngineError, EngineStopped, Overloaded, SequenceTooLong
 from engine.interface import EngineInterface
 from engine.outputs import ALL_ROWS, HeadOutput, RowRequest
 from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
 from engine.replicas.link import ReplicaLink
-from engine.replicas.protocol import Cancel, Capabilities, Failure, Result
+from engine.replicas.protocol import Cancel, Capabilities, Failure, Load, Result
 from engine.request import EngineOutput
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class _Chunk:
     replica: int = -1
     attempts: int = 0
     id: int = -1  # of its latest Run: a chunk sent again gets a new one
+    sent_at: float = 0.0  # time.perf_counter() of its latest Run
 
 
 class ReplicaPool(EngineInterface):
@@ -74,6 +76,8 @@ class ReplicaPool(EngineInterface):
         self.outstanding = [0] * num_replicas  # tokens this gateway has in flight on each replica
         self.reported = [0] * num_replicas  # queued tokens each replica last reported
         self.seconds_per_token: list[float | None] = [None] * num_replicas  # each replica's measured rate
+        self.margins = [1.0] * num_replicas  # and its admission's margin (ServiceRate.margin)
+        self.idle_seconds_per_token: list[float | None] = [None] * num_replicas  # and its idle probes' rate
         self.alive = [True] * num_replicas
         self.chunks_sent = [0] * num_replicas
         self._pending: dict[int, _Chunk] = {}
@@ -110,23 +114,37 @@ class ReplicaPool(EngineInterface):
         return tokens_to_run(lengths, self.chunk_tokens, prefix_length)
 
     def estimate_seconds(self, num_tokens: int) -> float | None:
-        """How long `num_tokens` tokens take spread over the idle live replicas at their measured rates;
-        None while one of them has not measured."""
-        rates = [self.seconds_per_token[index] for index, alive in enumerate(self.alive) if alive]
-        if not rates or None in rates:
+        """As Engine.estimate_seconds, on idle live replicas: the request's chunks of chunk_tokens each go
+        to the replica with the fewest tokens so far (as _send spreads them), and the slowest replica's
+        share at its idle rate, stretched by its margin, is the estimate; None while one of them has not
+        measured."""
+        live = [index for index, alive in enumerate(self.alive) if alive]
+        rates = {index: self.idle_seconds_per_token[index] or self.seconds_per_token[index] for index in live}
+        if not live or None in rates.values():
             return None
-        return num_tokens / sum(1 / rate for rate in rates)  # type: ignore[operator]
+        assigned = dict.fromkeys(live, 0)
+        for start in range(0, num_tokens, self.chunk_tokens):
+            replica = min(live, key=assigned.__getitem__)
+            assigned[replica] += min(self.chunk_tokens, num_tokens - start)
+        return max(
+            tokens * rates[index] * self.margins[index]  # type: ignore[operator]
+            for index, tokens in assigned.items()
+        )
+
+    def rates(self) -> list[tuple[float | None, float]]:
+        """Each replica's, as it last reported them."""
+        return list(zip(self.seconds_per_token, self.margins))
 
     def backlog_seconds(self, num_tokens: int) -> float | None:
         """As Engine.backlog_seconds, on the live replica that would take the work (the least loaded), at
-        its measured rate (its margin is its own); None while none has measured. Its load is this
-        gateway's work on it, and the queue it reported with that work's results while there is some:
-        with none, its last report may be long stale (a queue drained since), and a gateway that
-        refused on it would never hear otherwise; the replica judges the work itself as it comes."""
+        its measured rate and margin; None while none has measured. Its load is this gateway's work on
+        it, and the queue it reported with that work's results while there is some: with none, its last
+        report may be long stale (a queue drained since), and a gateway that refused on it would never
+        hear otherwise; the replica judges the work itself as it comes."""
         estimates = [
-            (outstanding + (reported if outstanding else 0) + num_tokens) * rate
-            for alive, rate, outstanding, reported in zip(
-                self.alive, self.seconds_per_token, self.outstanding, self.reported
+            stretched(num_tokens * rate, (outstanding + (reported if outstanding else 0)) * rate, margin)
+            for alive, rate, margin, outstanding, reported in zip(
+                self.alive, self.seconds_per_token, self.margins, self.outstanding, self.reported
             )
             if alive and rate is not None
         ]
@@ -251,11 +269,11 @@ class ReplicaPool(EngineInterface):
         self._pending[chunk_id] = chunk
         self.outstanding[replica] += chunk.num_tokens
         self.chunks_sent[replica] += 1
-        time_left = None if chunk.deadline is None else chunk.deadline - time.perf_counter()
+        chunk.sent_at = time.perf_counter()
         prefix = chunk.rows.prefix
         num_sequence_tokens = chunk.num_tokens - (0 if prefix is None else len(prefix))
         link.send_run(
-            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, time_left, chunk.rows
+            chunk_id, chunk.token_ids, chunk.token_type_ids, num_sequence_tokens, chunk.deadline, chunk.rows
         )
 
     def _forget(self, chunk_id: int, cancel: bool = False) -> _Chunk | None:
@@ -267,9 +285,13 @@ class ReplicaPool(EngineInterface):
                 link.send(Cancel(chunk_id))
         return chunk
 
-    def _on_message(self, index: int, message: Result | Failure, rows: np.ndarray | None) -> None:
+    def _on_message(self, index: int, message: Result | Failure | Load, rows: np.ndarray | None) -> None:
         self.reported[index] = message.queued_tokens
         self.seconds_per_token[index] = message.seconds_per_token
+        self.margins[index] = message.margin
+        self.idle_seconds_per_token[index] = message.idle_seconds_per_token
+        if isinstance(message, Load):
+            return
         chunk = self._forget(message.id)
         if chunk is None or chunk.request.future.done():  # cancelled, or already sent elsewhere
             return
@@ -286,7 +308,9 @@ class ReplicaPool(EngineInterface):
             return
         request = chunk.request
         request.parts[chunk.position] = rows
-        request.queue_s = max(request.queue_s, message.queue_s)
+        # its wait in the replica's socket is queue time too
+        queue_s = max(message.queue_s, message.finished_at - message.inference_s - chunk.sent_at)
+        request.queue_s = max(request.queue_s, queue_s)
         request.inference_s = max(request.inference_s, message.inference_s)
         request.num_tokens += message.num_tokens
         request.num_pending -= 1

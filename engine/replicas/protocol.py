@@ -84,7 +84,10 @@ class Run(msgspec.Struct, tag="run", array_like=True):
     offset: int
     end: int  # the ring position after this payload, which the replica acknowledges
     spill: str | None = None
-    time_left_s: float | None = None  # of the request's deadline; None: no deadline
+    # the request's deadline (time.perf_counter(): CLOCK_MONOTONIC, one clock for the host's processes),
+    # not the time left: a Run can wait in the socket while the replica's thread runs a batch, seconds on
+    # a busy CPU, and a time left read then would give the request that wait again; None: no deadline
+    deadline: float | None = None
     replies_read: int = 0  # the gateway has read the reply ring up to here
     prefix_tokens: int = 0
     span_words: int = 0
@@ -121,6 +124,11 @@ class Result(msgspec.Struct, tag="result", array_like=True):
     requests_read: int  # the replica has copied every Run's payload up to this request-ring position
     seconds_per_token: float | None = None  # the replica's measured rate; None before it has one
     num_tokens: int = 0  # the tokens the model ran for the Run (EngineOutput's)
+    margin: float = 1.0  # what the replica's admission stretches its estimates by (ServiceRate.margin)
+    idle_seconds_per_token: float | None = None  # its idle probes' rate (ServiceRate's)
+    # when its rows were done (time.perf_counter()): from the gateway's send to it less inference_s is the
+    # Run's queue time, the wait in the socket included
+    finished_at: float = 0.0
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):
@@ -133,10 +141,24 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
     requests_read: int
     retry_after_s: float = 1.0
     seconds_per_token: float | None = None
+    margin: float = 1.0
+    idle_seconds_per_token: float | None = None
+
+
+class Load(msgspec.Struct, tag="load", array_like=True):
+    """Unasked: the replica's idle probe changed its rate (engine/service_rate.py), which its gateways
+    would otherwise hear of only with their next Run's answer, and a gateway that refuses work on a rate
+    measured on a busy host sends none."""
+
+    queued_tokens: int
+    requests_read: int
+    seconds_per_token: float | None
+    margin: float
+    idle_seconds_per_token: float | None
 
 
 ToReplica = Hello | Run | Cancel | Freed
-FromReplica = Result | Failure
+FromReplica = Result | Failure | Load
 
 
 def frame(encoder: msgspec.msgpack.Encoder, message: msgspec.Struct) -> bytes:

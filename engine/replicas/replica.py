@@ -33,6 +33,7 @@ from engine.replicas.protocol import (
     FrameReader,
     Freed,
     Hello,
+    Load,
     Refused,
     Result,
     Run,
@@ -133,6 +134,12 @@ class _Intake:
         self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.selector.register(self._wake_read, selectors.EVENT_READ, "wake")
         self.connections: list[_Connection] = []
+        engine.on_rate_change = self.report_load
+
+    def report_load(self) -> None:
+        """The engine's thread: its probe changed its rate; every gateway hears it."""
+        for connection in self.connections:
+            connection.report_load()
 
     def poll(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout=timeout):
@@ -201,6 +208,7 @@ class _Connection:
                 replies = Mapping(self.folder / message.replies, message.replies_size, create=False)
                 replies.touch()
                 self.replies = RingWriter(replies)
+                self.report_load()  # the gateway judges its first request on the rate the start measured
         return True
 
     def _run(self, run: Run) -> None:
@@ -220,9 +228,8 @@ class _Connection:
             token_types = (
                 None if types is None else [types[start:end] for start, end in zip([0, *ends], ends)]
             )
-            deadline = None if run.time_left_s is None else time.perf_counter() + run.time_left_s
             rows = RowRequest(prefix, spans, run.first_rows, run.columns, images)
-            self.engine.submit(request, token_ids, token_types, deadline, rows)
+            self.engine.submit(request, token_ids, token_types, run.deadline, rows)
         except (EngineError, ValueError) as error:
             self.running.pop(run.id, None)
             self.fail(run.id, error)
@@ -308,7 +315,8 @@ class _Connection:
             result = Result(
                 run_id, rows.shape[0], rows.shape[1], offset, end, spill, output.queue_s, output.inference_s,
                 self.engine.queued_tokens, self.requests_read, self.engine.rate.seconds_per_token,
-                output.num_tokens,
+                output.num_tokens, self.engine.rate.margin, self.engine.rate.idle_seconds_per_token,
+                time.perf_counter(),
             )  # fmt: skip
             self._send(result)
 
@@ -325,11 +333,23 @@ class _Connection:
             kind = "failed"
         failure = Failure(
             run_id, kind, str(error), self.engine.queued_tokens, self.requests_read, retry_after,
-            self.engine.rate.seconds_per_token,
+            self.engine.rate.seconds_per_token, self.engine.rate.margin,
+            self.engine.rate.idle_seconds_per_token,
         )  # fmt: skip
         with self.lock:
             if self.open:
                 self._send(failure)
+
+    def report_load(self) -> None:
+        """Tell the gateway the engine's rate now (Load)."""
+        rate = self.engine.rate
+        load = Load(
+            self.engine.queued_tokens, self.requests_read, rate.seconds_per_token, rate.margin,
+            rate.idle_seconds_per_token,
+        )  # fmt: skip
+        with self.lock:
+            if self.open and self.replies is not None:
+                self._send(load)
 
     def _send(self, message) -> None:
         try:

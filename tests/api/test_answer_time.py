@@ -9,19 +9,30 @@ import pytest
 
 from api.config import ServerConfig
 from api.guard import RequestGuard
-from api.timing import ANSWER_QUANTILE, TIMES, AnswerTime, RequestTimes
+from api.timing import ANSWER_QUANTILE, RECOVERY_HALF_LIFE_S, TIMES, AnswerTime, RequestTimes
 from engine.request import EngineOutput
 
 
 def test_the_reserve_is_a_high_quantile_of_the_recent_answers():
     answers = AnswerTime()
-    assert answers.reserve_s == 0.0
+    assert answers.reserve_s() == 0.0
     for milliseconds in range(128):  # the last 64: 64 to 127 ms
-        answers.observe(milliseconds / 1000)
-    assert answers.reserve_s == pytest.approx((64 + int(ANSWER_QUANTILE * 64)) / 1000)
+        answers.observe(milliseconds / 1000, at=100.0)
+    assert answers.reserve_s(100.0) == pytest.approx((64 + int(ANSWER_QUANTILE * 64)) / 1000)
     for _ in range(64):  # the loop caught up: the reserve follows it down
-        answers.observe(0.001)
-    assert answers.reserve_s == pytest.approx(0.001)
+        answers.observe(0.001, at=100.0)
+    assert answers.reserve_s(100.0) == pytest.approx(0.001)
+
+
+def test_a_flood_s_reserve_fades_once_no_answer_comes_to_lower_it():
+    """After a flood, no request may be answered for a while: the slow answers it left must not shorten the
+    time of the next requests for good. The reserve halves every RECOVERY_HALF_LIFE_S of quiet."""
+    answers = AnswerTime()
+    for _ in range(64):
+        answers.observe(1.0, at=100.0)
+    assert answers.reserve_s(100.0) == pytest.approx(1.0)
+    assert answers.reserve_s(100.0 + RECOVERY_HALF_LIFE_S) == pytest.approx(0.5)
+    assert answers.reserve_s(100.0 + 5 * RECOVERY_HALF_LIFE_S) < 0.05
 
 
 def test_a_requests_answer_time_runs_from_its_last_rows_back_to_its_answer():

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+from engine.admission import ADMIT_SHARE, BATCH_SHARE
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import BehindDeadline
-from engine.scheduler import ADMIT_SHARE, QueuedRequest, Scheduler
+from engine.scheduler import QueuedRequest, Scheduler
 from engine.service_rate import MAX_MARGIN, MIN_CHECKED, ServiceRate
 from tests.conftest import TimedRunner
 
@@ -225,3 +226,37 @@ def test_the_engine_refuses_what_it_set_aside_at_once_and_never_runs_it():
         asyncio.run(asyncio.wait_for(main(), 30))
     finally:
         engine.stop()
+
+
+def test_a_begun_request_that_the_host_slowed_is_set_aside_between_its_batches():
+    """What ran of it is spent; the rest, at the rate now measured, would come back after its deadline: a
+    429 now rather than a 504 at the deadline (its bare rate: only a certain overrun drops it)."""
+    rate = ServiceRate(max_batch_tokens=1000)
+    rate.observe(1000, 0.1)  # 0.1 ms a token
+    scheduler = Scheduler(1000, 64, 10**6, rate)
+    begun = QueuedRequest([[1] * 1000] * 5, owner="begun")  # 0.5 s of its 1.5 s
+    assert scheduler.submit(begun, time.perf_counter() + 1.5) is not None
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["begun"]
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["begun"]  # in time still
+    for _ in range(40):
+        rate.observe(1000, 0.5)  # then the host slows the engine five times: 1.5 s for the rest
+    assert scheduler.next_batch(timeout=0) == [] and scheduler.queued_tokens == 0
+    [(expired, estimate, left)] = scheduler.take_expired()
+    assert expired is begun and estimate == pytest.approx(1.5) and left < 1.5
+
+
+def test_a_batch_takes_at_most_its_share_of_the_time_its_earliest_deadline_leaves():
+    """Its rows all come back at its end and the engine judges again only between batches: a batch
+    estimated at more than BATCH_SHARE of its earliest deadline's time left stops growing, so that a host
+    that slows under it (the first batch of a burst on two shared CPU cores ran 3.1 times its estimate)
+    still gives its rows back in time."""
+    rate = ServiceRate(max_batch_tokens=4000)
+    rate.observe(4000, 0.4)  # 0.1 ms a token
+    scheduler = Scheduler(4000, 64, 10**6, rate)
+    now = time.perf_counter()
+    for owner in ("one", "two", "three"):
+        scheduler.submit(QueuedRequest([[1] * 1000], owner=owner), now + 1.0)
+    # two of them: 0.2 s, within BATCH_SHARE of the 1 s left; a third would make it 0.3 s
+    assert BATCH_SHARE * 1.0 < 0.3
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["one", "two"]
+    assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["three"]
