@@ -18,6 +18,7 @@ from api.hot_routes import HotRoutes
 from api.openapi import openapi_config
 from api.routes.classify import classify
 from api.routes.cohere_embed import embed_v2
+from api.routes.contextualized import create_contextualized_embeddings
 from api.routes.docs import docs
 from api.routes.embeddings import create_embeddings
 from api.routes.health import health, metrics, ready
@@ -79,6 +80,7 @@ def create_app(config: ServerConfig, server: Server | None = None) -> PosyApp:
     app = PosyApp(
         route_handlers=[
             create_embeddings,
+            create_contextualized_embeddings,
             embed_v2,
             list_models,
             rerank_v1,

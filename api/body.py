@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TypeVar
 
 import msgspec
@@ -12,9 +13,19 @@ from litestar import Request
 from litestar.exceptions import ClientException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
-from api.errors import READ_TIMEOUT, ApiError, ClientDisconnected, InvalidInput
+from api.errors import READ_TIMEOUT, ApiError, BodyInvalid, ClientDisconnected
 
 T = TypeVar("T")
+# msgspec's "Expected `str`, got `int`" -> pydantic's kind of fault, as FastAPI's 422 names it
+FAULT_KINDS = {
+    "str": "string_type",
+    "int": "int_type",
+    "float": "float_type",
+    "bool": "bool_type",
+    "array": "list_type",
+    "object": "dict_type",
+}
+PATH_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 async def decode_body(request: Request, wire_type: type[T]) -> T:
@@ -22,20 +33,43 @@ async def decode_body(request: Request, wire_type: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=wire_type)
     except msgspec.ValidationError as error:
-        raise InvalidInput(f"invalid request: {error}") from None
+        raise invalid_body(str(error)) from None
     except msgspec.DecodeError as error:
         surrogate = lone_surrogate(body)
         if surrogate is not None:  # msgspec calls a lone high surrogate "Input data was truncated"
-            raise InvalidInput(
+            raise not_json(
                 f"a string in the body holds a lone UTF-16 surrogate (U+{surrogate:04X}): text must be valid "
                 "Unicode, each high surrogate escape followed by a low one"
             ) from None
-        raise InvalidInput(f"the body is not valid JSON: {error}") from None
+        raise not_json(f"the body is not valid JSON: {error}") from None
     except UnicodeDecodeError as error:
-        raise InvalidInput(f"the body is not valid UTF-8 (byte {error.start})") from None
+        raise not_json(f"the body is not valid UTF-8 (byte {error.start})") from None
     except RecursionError:
         # msgspec's decoder recurses once per nesting level, even through fields it skips
-        raise InvalidInput("the body's JSON nests too deeply") from None
+        raise not_json("the body's JSON nests too deeply") from None
+
+
+def not_json(message: str) -> BodyInvalid:
+    return BodyInvalid(message, ["body"], "json_invalid")
+
+
+def invalid_body(reason: str) -> BodyInvalid:
+    """msgspec's ValidationError ("Expected `str`, got `int` - at `$.input[0]`") with where it points
+    (FastAPI's loc: "body", then fields and indices) and its kind."""
+    what, _, path = reason.partition(" - at `")
+    loc: list[str | int] = ["body"]
+    for field, index in PATH_STEP.findall(path.rstrip("`").removeprefix("$")):
+        loc.append(field if field else int(index))
+    missing = re.match(r"Object missing required field `(.+)`", what)
+    expected = re.match(r"Expected `(\w+)", what)
+    if missing:
+        loc.append(missing.group(1))
+        kind = "missing"
+    elif expected:
+        kind = FAULT_KINDS.get(expected.group(1), "value_error")
+    else:
+        kind = "literal_error" if what.startswith("Invalid enum value") else "value_error"
+    return BodyInvalid(f"invalid request: {reason}", loc, kind)
 
 
 def lone_surrogate(body: bytes) -> int | None:

@@ -1,5 +1,5 @@
 """Domain errors of the gateway and the one place that turns any error into a status code and an
-error body in the shape of the API that was called (OpenAI, Cohere or TEI)."""
+error body in the shape of the API that was called (OpenAI, Cohere, TEI or Perplexity)."""
 
 from __future__ import annotations
 
@@ -67,8 +67,20 @@ class InputTooLong(InvalidInput):
         return InputTooLong(index, self.figures, self.param or "input")
 
     def message_for(self, shape: ApiShape) -> str:
-        fields = TRUNCATION_FIELDS[shape]
+        fields = TRUNCATION_FIELDS.get(shape)
+        if fields is None:  # an API that never truncates
+            return f"input {self.index} {self.figures}; shorten it"
         return f"input {self.index} {self.figures}; shorten it or ask for truncation ({fields})"
+
+
+class BodyInvalid(InvalidInput):
+    """The body is not JSON, or not of the request's wire type: where (`loc`, FastAPI's: "body" then the
+    fields and indices) and what kind of fault (`kind`, pydantic's names: "missing", "string_type", ...).
+    Perplexity's shape answers it as FastAPI does, 422 with a list of faults; the others as invalid input."""
+
+    def __init__(self, message: str, loc: list[str | int], kind: str):
+        super().__init__(message)
+        self.loc, self.kind = loc, kind
 
 
 class RequestTooLarge(InvalidInput):
@@ -182,6 +194,8 @@ class ApiShape(Enum):
     OPENAI = "openai"
     COHERE = "cohere"
     TEI = "tei"
+    # Perplexity's (FastAPI's) {"detail": ...}, which Voyage's contextualized embeddings share
+    PERPLEXITY = "perplexity"
 
 
 # how each API asks for an over-long input to be truncated instead of refused
@@ -191,6 +205,7 @@ TRUNCATION_FIELDS = {
     ApiShape.TEI: "truncate: true, or --auto-truncate",
 }
 TEI_PATHS = frozenset({"/embed", "/embed_sparse", "/rerank", "/tokenize", "/info"})
+PERPLEXITY_PATHS = frozenset({"/v1/contextualizedembeddings"})
 # the kind of error TEI names beside each status; any other is "Backend"
 TEI_ERROR_TYPES = {
     408: "Validation",
@@ -204,6 +219,8 @@ TEI_ERROR_TYPES = {
 def shape_of(path: str) -> ApiShape:
     if path in TEI_PATHS:
         return ApiShape.TEI
+    if path in PERPLEXITY_PATHS:
+        return ApiShape.PERPLEXITY
     if path.startswith(("/v1/rerank", "/v2/")):
         return ApiShape.COHERE
     return ApiShape.OPENAI
@@ -296,6 +313,11 @@ def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]
         if status == 400:
             status = error.tei_status_code
         body = {"error": message, "error_type": TEI_ERROR_TYPES.get(status, "Backend")}
+    elif shape is ApiShape.PERPLEXITY:
+        if isinstance(error, BodyInvalid):  # FastAPI's request validation error
+            status, body = 422, {"detail": [{"loc": error.loc, "msg": message, "type": error.kind}]}
+        else:
+            body = {"detail": message}
     else:
         body = {
             "error": {

@@ -18,10 +18,14 @@ from scoring.templates import TextPrompts
 
 SCORE = "score"  # vLLM's /score: a pair's relevance, from whatever ranks
 POOLING = "pooling"  # vLLM's /pooling: a pooled vector, token vectors, or any head's own rows
+# Perplexity's (and Voyage's) contextualized embeddings: a vector a chunk of documents read whole, from any
+# embedder that mean-pools spans (api/late_chunking.py)
+CONTEXTUALIZED_EMBED = "contextualized_embed"
 # where each task is served, for the error that names what a model can do; in the order /v1/models lists them
 # (a head's own task, outside this table, is served by /pooling: task_route)
 TASK_ROUTES = {
     EMBED: "/v1/embeddings",
+    CONTEXTUALIZED_EMBED: "/v1/contextualizedembeddings",
     TOKEN_EMBED: "/pooling with task token_embed",
     SPARSE_EMBED: "/embed_sparse",
     RERANK: "/v1/rerank",
@@ -62,6 +66,8 @@ class ServedModel:
             served.add(SCORE)
         if served & {EMBED, TOKEN_EMBED}:
             served.add(POOLING)
+        if EMBED in served and self.engine.output.pools_spans:
+            served.add(CONTEXTUALIZED_EMBED)
         listed = tuple(task for task in TASK_ROUTES if task in served)
         return listed + tuple(task for task in own if task not in TASK_ROUTES)
 

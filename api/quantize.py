@@ -1,4 +1,5 @@
-"""Cohere's embedding types, from posy's float32 vectors; what each one means here (the tests hold it):
+"""Quantized vectors from posy's float32 vectors: Cohere's embedding types, a model's own int8 and
+Perplexity's sign bits; what each one means here (the tests hold it):
 
 - float: the vectors as they are (unit length where the model normalizes).
 - int8: per vector, round(127 * x / max|x|): the largest component is +-127, the rest in proportion,
@@ -8,7 +9,11 @@
   (numpy's packbits), each byte - 128 as int8 (Cohere's and sentence-transformers' convention);
   ceil(dimensions / 8) values.
 - ubinary: the same bytes as uint8.
-- base64: little-endian float32 bytes of each vector, base64-encoded (as OpenAI's encoding_format)."""
+- base64: little-endian float32 bytes of each vector, base64-encoded (as OpenAI's encoding_format).
+- a model's own int8 (ModelSpec.native_quantization "tanh", pplx-embed's quantizer module):
+  clamp(round(127 * tanh(x)), -128, 127) of the raw vector, no scale; int8_codes falls back to int8 above.
+- sign bits (Perplexity's base64_binary): 1 where x >= 0, packed eight to a byte, least significant bit
+  first (np.unpackbits(..., bitorder="little") reads them back, as Perplexity's docs do)."""
 
 from __future__ import annotations
 
@@ -36,6 +41,29 @@ def ubinary(vectors: np.ndarray) -> np.ndarray:
 
 def binary(vectors: np.ndarray) -> np.ndarray:
     return (ubinary(vectors).astype(np.int16) - 128).astype(np.int8)
+
+
+def tanh_int8(vectors: np.ndarray) -> np.ndarray:
+    codes = np.rint(np.tanh(vectors.astype(np.float32, copy=False)) * np.float32(127))
+    return np.clip(codes, -128, 127).astype(np.int8)
+
+
+# a model's own quantization (ModelSpec.native_quantization) -> its int8 codes
+NATIVE_INT8 = {"tanh": tanh_int8}
+
+
+def int8_codes(vectors: np.ndarray, native: str | None) -> np.ndarray:
+    """The model's own int8 where it quantizes natively, else Cohere's per-vector scale (int8)."""
+    return NATIVE_INT8.get(native, int8)(vectors)
+
+
+def sign_bits(vectors: np.ndarray) -> np.ndarray:
+    return np.packbits(vectors >= 0, axis=1, bitorder="little")
+
+
+def byte_rows(codes: np.ndarray) -> list[bytes]:
+    """Each row's bytes, which msgspec writes as base64 strings."""
+    return [row.tobytes() for row in codes]
 
 
 def base64_rows(vectors: np.ndarray) -> list[bytes]:

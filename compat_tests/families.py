@@ -727,6 +727,20 @@ def hidden_states(model: nn.Module, ids: Sequence[int]) -> torch.Tensor:
         return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state[0]
 
 
+def bidirectional_hidden_states(model: nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """[num_tokens, hidden] of a bare decoder whose layers' attentions are all non-causal, every token
+    attending to every token (pplx-embed's remote model: a padding-only mask)."""
+    input_ids = torch.tensor([list(ids)])
+    mask = torch.ones(1, 1, len(ids), len(ids), dtype=torch.bool)
+    with torch.inference_mode():
+        return model(input_ids=input_ids, attention_mask={"full_attention": mask}).last_hidden_state[0]
+
+
+def bidirectional_mean_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    """pplx-embed's float vector: the mean of the final states, unnormalized."""
+    return bidirectional_hidden_states(model, ids).mean(0).numpy()
+
+
 def cls_vector(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     return F.normalize(hidden_states(model, ids)[0], dim=-1).numpy()
 
@@ -822,6 +836,24 @@ PPLX_EMBED = Family(
     mean_vector,
     ablated=causal_pplx_embed,
     normalized=False,
+)
+
+
+def build_pplx_embed_v1(folder: Path) -> nn.Module:
+    from compat_tests.pplx_checkpoints import build_pplx_embed  # which builds on this module
+
+    return build_pplx_embed(folder)
+
+
+# pplx-embed-v1 as published (PPLXQwen3Model, bidirectional_pplx_qwen3, its quantizer module); its
+# bidirectional attention is checked against the causal model in tests/engine/test_pplx_parity.py
+PPLX_EMBED_V1 = Family(
+    "tiny-pplx-embed-v1",
+    "perplexity-ai/pplx-embed-v1-0.6b",
+    build_pplx_embed_v1,
+    bidirectional_mean_vector,
+    normalized=False,
+    matryoshka=True,
 )
 BGE_RERANKER = Family(
     "tiny-bge-reranker-v2-m3",
@@ -987,6 +1019,7 @@ EMBEDDERS = [
     BGE_M3,
     QWEN3_EMBEDDING,
     PPLX_EMBED,
+    PPLX_EMBED_V1,
     GTE_MODERNBERT,
     MSMARCO_DISTILBERT,
     CAMEMBERT,

@@ -42,8 +42,12 @@ from .families import (
     SIGLIP2,
     VISION_LANGUAGE,
     Family,
+    bidirectional_mean_vector,
     build_gpt2,
+    dense_mean_vector,
     judge_probability,
+    mean_vector,
+    normalized_mean_vector,
 )
 
 SCORE_TOLERANCE = 1e-4
@@ -59,6 +63,7 @@ DOCUMENTS = [
     "The Eiffel Tower was finished in 1889.",
     "The train to Berlin leaves from platform nine.",
 ]
+MEAN_POOLED = (mean_vector, normalized_mean_vector, dense_mean_vector, bidirectional_mean_vector)
 CUSTOM_INSTRUCTION = "Given a product question, find the customer review that answers it"
 UNSUPPORTED_EXIT_TIMEOUT_S = 60.0
 # what the one server serves: every generic family, and the families with tests of their own
@@ -212,11 +217,18 @@ def test_cross_encoder_scores_differ_from_the_ablated_reference(serve, family):
     assert max(gaps) > 10 * SCORE_TOLERANCE, gaps  # some document's score depends on the feature
 
 
+def embedder_tasks(family: Family) -> list[str]:
+    """An embedder's tasks; one that mean-pools also serves contextualized embeddings (its chunks' spans
+    pooled apart)."""
+    contextualized = ["contextualized_embed"] if family.reference in MEAN_POOLED else []
+    return ["embed", *contextualized, "rerank", "score", "pooling"]
+
+
 @pytest.mark.parametrize(
     "family, tasks, matryoshka",
     [
         *[
-            pytest.param(family, ["embed", "rerank", "score", "pooling"], family.matryoshka, id=family.id)
+            pytest.param(family, embedder_tasks(family), family.matryoshka, id=family.id)
             for family in EMBEDDERS
         ],
         # a sequence classifier also labels texts (/classify); a judge (a causal LM) only ranks

@@ -13,7 +13,10 @@ README_URL = "http://127.0.0.1:8000"
 ALL_EXAMPLES = re.findall(r"```python\n(.*?)```", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), re.S)
 # the Images section's examples send a local image to an image model: they run against one of their own
 IMAGE_EXAMPLES = [example for example in ALL_EXAMPLES if "image_url" in example]
-EXAMPLES = [example for example in ALL_EXAMPLES if example not in IMAGE_EXAMPLES]
+# Perplexity's SDK names pplx-embed models only: its example runs against their server
+# (compat_tests/test_perplexity_sdk.py)
+PERPLEXITY_EXAMPLES = [example for example in ALL_EXAMPLES if "from perplexity" in example]
+EXAMPLES = [example for example in ALL_EXAMPLES if example not in IMAGE_EXAMPLES + PERPLEXITY_EXAMPLES]
 
 
 def test_readme_has_the_sdk_client_and_framework_examples():

@@ -1,4 +1,5 @@
-"""POST /v1/embeddings (and /embeddings): OpenAI's embeddings API."""
+"""POST /v1/embeddings (and /embeddings): OpenAI's embeddings API, and Perplexity's (its int8 and binary
+encodings, its usage cost)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 
 from api.body import decode_body
-from api.encoding import check_dimensions, encode_vectors, truncate_dimensions
+from api.encoding import PERPLEXITY_ENCODINGS, check_dimensions, encode_vectors, truncate_dimensions
 from api.errors import InvalidInput
 from api.guard import RequestGuard
 from api.image_inputs import embed_items
@@ -17,6 +18,7 @@ from api.models import EMBED, ServedModel
 from api.prompts import select_prompt
 from api.responses import EncodedJson, documented
 from api.schemas.openai import Embedding, EmbeddingRequest, EmbeddingResponse, Usage
+from api.schemas.perplexity import Cost
 from api.server import Server
 
 # LangChain's OpenAIEmbeddings sends tiktoken's ids unless told otherwise; ids < the vocabulary size would
@@ -37,8 +39,9 @@ TOKEN_IDS_REFUSED = (
 )
 async def create_embeddings(request: Request, server: NamedDependency[Server]) -> EncodedJson:
     """OpenAI's embeddings: one vector a text (or token-id list, or, for an image model, an image part),
-    float or base64; `dimensions` shortens them. With `late_chunking`, the inputs are one document's chunks,
-    read together."""
+    float or base64, or Perplexity's base64_int8 and base64_binary (base64_int8 by default for a model that
+    quantizes natively, pplx-embed); `dimensions` shortens them. With `late_chunking`, the inputs are one
+    document's chunks, read together."""
     data = await decode_body(request, EmbeddingRequest)
     inputs = normalize_input(data.input, server.config.max_inputs)
     model = server.registry().get(data.model, EMBED)
@@ -70,13 +73,18 @@ async def create_embeddings(request: Request, server: NamedDependency[Server]) -
             sequences = encoder.check_token_ids(inputs.token_ids or [], max_tokens, truncate)
         num_tokens = sum(map(len, sequences))
         vectors = await guard.run(sequences, rows=model.rows(EMBED))
-    vectors = truncate_dimensions(vectors, data.dimensions)
+    native = model.spec.native_quantization
+    vectors = truncate_dimensions(vectors, data.dimensions, model.spec.normalize)
     server.metrics.count_prompt_tokens(model.name, num_tokens)
-    encoded = encode_vectors(vectors, data.encoding_format)
+    # Perplexity's default where the model quantizes natively (its SDK sends no encoding_format: UNSET, falsy)
+    encoding_format = data.encoding_format or ("base64_int8" if native is not None else "float")
+    encoded = encode_vectors(vectors, encoding_format, native)
+    # Perplexity's usage cost only in its shape, so that OpenAI's stays exactly OpenAI's
+    perplexity = encoding_format in PERPLEXITY_ENCODINGS or native is not None
     response = EmbeddingResponse(
         data=[Embedding(index=index, embedding=vector) for index, vector in enumerate(encoded)],
         model=data.model or model.name,
-        usage=Usage(prompt_tokens=num_tokens, total_tokens=num_tokens),
+        usage=Usage(prompt_tokens=num_tokens, total_tokens=num_tokens, cost=Cost() if perplexity else None),
     )
     return EncodedJson(response)
 

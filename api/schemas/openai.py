@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from api.schemas.perplexity import Cost
+
 # msgspec allows one array type per union: the route checks that list items are of one kind (texts and
 # content parts, {"type": "text" | "image_url", ...}, may mix)
 EmbeddingInput = str | list[str | int | list[int] | dict[str, Any]]
@@ -22,14 +24,21 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
         ),
     ]
     model: Annotated[str | None, msgspec.Meta(description="a served model's name (GET /v1/models)")] = None
+    # unset, not null: the model's default (Perplexity's SDK sends none)
     encoding_format: Annotated[
-        Literal["float", "base64"],
-        msgspec.Meta(description="base64: each vector's little-endian float32 bytes"),
-    ] = "float"
+        Literal["float", "base64", "base64_int8", "base64_binary"] | msgspec.UnsetType,
+        msgspec.Meta(
+            description="base64: each vector's little-endian float32 bytes; Perplexity's base64_int8 (the "
+            "model's own int8, else round(127 x / max|x|)) and base64_binary (1 where x >= 0, least "
+            "significant bit first); not sent: base64_int8 for a model that quantizes natively (pplx-embed), "
+            "else float"
+        ),
+    ] = msgspec.UNSET
     dimensions: Annotated[
         int | None,
         msgspec.Meta(
-            description="keep the first N values and re-normalize", extra_json_schema={"minimum": 1}
+            description="keep the first N values, re-normalized where the model's vectors are",
+            extra_json_schema={"minimum": 1},
         ),
     ] = None
     user: Annotated[str | None, msgspec.Meta(description="OpenAI's end-user id: accepted, not used")] = None
@@ -62,9 +71,10 @@ class Embedding(msgspec.Struct):
     object: str = "embedding"
 
 
-class Usage(msgspec.Struct):
+class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     total_tokens: int
+    cost: Cost | None = None  # Perplexity's, in its shape only (api/routes/embeddings.py)
 
 
 class EmbeddingResponse(msgspec.Struct):

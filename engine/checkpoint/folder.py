@@ -15,6 +15,10 @@ from engine.errors import ModelNotFound, UnsupportedModel
 # inner config is the checkpoint's, the wrapper's architecture names the head
 # (engine/models/late_interaction.py)
 WRAPPED_CONFIGS = {"colqwen2": "vlm_config", "colpali": "vlm_config"}
+# remote model types whose configuration.py subclasses a transformers config and changes nothing but its
+# model_type (pplx-embed's PPLXQwen3Config of Qwen3Config): read as that config, keeping their model_type,
+# with no code run
+RENAMED_CONFIGS = {"bidirectional_pplx_qwen3": "qwen3"}
 REMOTE_CODE = (
     "model {name!r} ships its own modeling code (auto_map in config.json): posy runs it only with "
     "--trust-remote-code, which runs the code inside the checkpoint folder"
@@ -31,6 +35,7 @@ class Checkpoint:
     architecture: str  # as the config names it ("" where it names none)
     st_config: dict  # config_sentence_transformers.json
     remote_code: bool  # config.json's auto_map names modeling code in the folder
+    remote_model: str  # the class its auto_map names for AutoModel ("" where none): PPLXQwen3ContextualModel
     pooling_flag: str | None  # --pooling (POOLING_FLAGS); None: the folder's own pooling
 
     @property
@@ -54,7 +59,7 @@ class Checkpoint:
 
 
 def read_folder(name: str, folder: Path, trust_remote_code: bool, pooling_flag: str | None) -> Checkpoint:
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     if pooling_flag is not None and pooling_flag not in POOLING_FLAGS:
         raise UnsupportedModel(f"--pooling must be one of {', '.join(POOLING_FLAGS)}, not {pooling_flag!r}")
@@ -62,9 +67,16 @@ def read_folder(name: str, folder: Path, trust_remote_code: bool, pooling_flag: 
     transformer_dir = folder / sentence_transformers_path(modules, "Transformer", default="")
     if not (transformer_dir / "config.json").is_file():
         raise ModelNotFound(f"model {name!r}: no config.json in {transformer_dir}")
-    remote_code = bool((read_json(transformer_dir / "config.json") or {}).get("auto_map"))
+    config_json = read_json(transformer_dir / "config.json") or {}
+    auto_map = config_json.get("auto_map") or {}
+    remote_code = bool(auto_map)
+    remote_model = str(auto_map.get("AutoModel", "")).rsplit(".", 1)[-1]
+    renamed = RENAMED_CONFIGS.get(config_json.get("model_type"))
     try:
-        hf_config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=trust_remote_code)
+        if renamed is not None:
+            hf_config = CONFIG_MAPPING[renamed].from_dict(config_json)
+        else:
+            hf_config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as error:
         if remote_code and not trust_remote_code:
             raise UnsupportedModel(REMOTE_CODE.format(name=name)) from error
@@ -75,5 +87,6 @@ def read_folder(name: str, folder: Path, trust_remote_code: bool, pooling_flag: 
     st_config = read_json(folder / "config_sentence_transformers.json") or {}
     architecture = architectures[0] if architectures else ""
     return Checkpoint(
-        name, folder, transformer_dir, modules, hf_config, architecture, st_config, remote_code, pooling_flag
-    )
+        name, folder, transformer_dir, modules, hf_config, architecture, st_config, remote_code, remote_model,
+        pooling_flag,
+    )  # fmt: skip

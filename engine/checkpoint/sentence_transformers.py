@@ -1,5 +1,6 @@
-"""A sentence-transformers embedder's modules after its Transformer: Pooling, Dense and Normalize, read
-into the pooling, the normalization and the Dense layouts posy's Embedder runs."""
+"""A sentence-transformers embedder's modules after its Transformer: Pooling, Dense, Normalize and a
+quantizer, read into the pooling, the normalization and the Dense layouts posy's Embedder runs, and the
+quantization the gateway makes of its vectors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from engine.models.dense import DenseLayout
 
 ST_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 # the sentence-transformers modules an embedder runs, in the order it runs them
-ST_MODULE_ORDER = ("Transformer", "Pooling", "Dense", "Normalize")
+ST_MODULE_ORDER = ("Transformer", "Pooling", "Dense", "Normalize", "Quantizer")
+# quantizer modules of a checkpoint's own code (modules.json's type), whose arithmetic posy does itself (the
+# code is never imported) -> the quantization it makes of the raw vector (api/quantize.py): pplx-embed's
+# st_quantize.FlexibleQuantizer gives int8 = round(127 tanh(x)) and binary = (x >= 0)
+QUANTIZER_MODULES = {"st_quantize.FlexibleQuantizer": "tanh"}
 ST_LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -27,7 +32,7 @@ def sentence_transformers_pooling(
 ) -> tuple[str, bool, tuple[DenseLayout, ...]]:
     """(pooling, normalize, the Dense modules after pooling) from the sentence-transformers files: the
     modules Transformer, Pooling, any Dense, then Normalize if listed, in that order."""
-    kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
+    kinds = [module_kind(module) for module in modules]
     unsupported = [kind for kind in kinds if kind not in ST_MODULE_ORDER]
     if unsupported:
         raise UnsupportedModel(f"model {name!r}: sentence-transformers modules {unsupported} are unsupported")
@@ -64,3 +69,17 @@ def dense_layouts(name: str, folder: Path, modules: list[dict]) -> tuple[DenseLa
                 )
             dense.append(DenseLayout.read(dense_folder, dense_config, name))
     return tuple(dense)
+
+
+def module_kind(module: dict) -> str:
+    """A module's kind ("Pooling", ...); "Quantizer" for one of QUANTIZER_MODULES."""
+    return "Quantizer" if module["type"] in QUANTIZER_MODULES else module["type"].rsplit(".", 1)[-1]
+
+
+def native_quantization(modules: list[dict] | None) -> str | None:
+    """The quantization an embedder's own quantizer module makes of its vectors (QUANTIZER_MODULES); None
+    where it has none."""
+    for module in modules or []:
+        if module["type"] in QUANTIZER_MODULES:
+            return QUANTIZER_MODULES[module["type"]]
+    return None

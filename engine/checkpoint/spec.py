@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint.colbert import ColbertConfig
+from engine.checkpoint.contextual import ChunkJoin, read_chunk_join
 from engine.checkpoint.cross_encoder import ChatTemplate, LogitScore, read_chat_template
 from engine.checkpoint.files import model_card, model_card_says_matryoshka, read_json
 from engine.checkpoint.folder import REMOTE_CODE, Checkpoint, read_folder
@@ -19,6 +20,7 @@ from engine.checkpoint.images import (
     read_naflex_image_layout,
 )
 from engine.checkpoint.listwise import ListwiseConfig
+from engine.checkpoint.sentence_transformers import native_quantization
 from engine.checkpoint.splade import SpladeConfig
 from engine.errors import UnsupportedModel
 from engine.models.bge_m3 import M3Spec
@@ -77,6 +79,11 @@ class ModelSpec:
     text_padding: tuple[int, int] | None = None
     # how a vision-language embedder lays out each input (text or image); None: its tokenizer's template
     input_layout: InputLayout | None = None
+    # the quantization its own quantizer module makes of its raw vectors (sentence_transformers.py
+    # QUANTIZER_MODULES: "tanh", pplx-embed's); None: it has none
+    native_quantization: str | None = None
+    # how a contextual embedder joins a document's chunks in one pass (pplx-embed-context); None: not one
+    chunk_join: ChunkJoin | None = None
 
     # what the head says of the served model
     @property
@@ -177,6 +184,7 @@ def read_spec(
             f"model {name!r}: no fast tokenizer (tokenizer.json) in {checkpoint.transformer_dir}"
         )
     st_config = checkpoint.st_config
+    embeds = head.task == "embed"
     return ModelSpec(
         path=checkpoint.transformer_dir,
         name=name,
@@ -193,10 +201,12 @@ def read_spec(
         pair_format=pair_format(checkpoint, entry, head),
         implementation=implementation,
         trust_remote_code=trust_remote_code,
-        matryoshka=head.task == "embed" and model_card_says_matryoshka(folder),
+        matryoshka=embeds and model_card_says_matryoshka(folder),
         images=image_layout(checkpoint, family_config),
         text_padding=text_padding(checkpoint, family_config),
-        input_layout=input_layout(checkpoint, family_config) if head.task == "embed" else None,
+        input_layout=input_layout(checkpoint, family_config) if embeds else None,
+        native_quantization=native_quantization(checkpoint.modules) if embeds else None,
+        chunk_join=read_chunk_join(checkpoint, tokenizer_path) if embeds else None,
     )
 
 

@@ -5,7 +5,7 @@ variant a record of switches."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +51,9 @@ class DecoderVariant:
 
 
 QWEN3 = DecoderVariant(qk_norm=True, qkv_bias="attention_bias", out_bias="attention_bias")
+# pplx-embed (its remote PPLXQwen3Model): Qwen3's, bidirectional as its config's use_bidirectional_attention
+# says
+PPLX_QWEN3 = replace(QWEN3, bidirectional="use_bidirectional_attention")
 QWEN2 = DecoderVariant(qk_norm=False, qkv_bias=True, out_bias=False)
 LLAMA = DecoderVariant(
     qk_norm=False, qkv_bias="attention_bias", out_bias="attention_bias", mlp_bias="mlp_bias"

@@ -56,7 +56,10 @@ RUN_BARE = ("ForMaskedLM", "ForPreTraining", "ForCausalLM")
 # a judge's name as model cards write it (lower case), by its pair format
 JUDGE_NAMES = {"qwen3-judge": "qwen3-reranker"}
 # architectures transformers names outside their model type's prefix -> the name the prefix rule reads
-ARCHITECTURE_ALIASES = {"Gemma3ForCausalLM": "Gemma3TextForCausalLM"}
+ARCHITECTURE_ALIASES = {
+    "Gemma3ForCausalLM": "Gemma3TextForCausalLM",
+    "PPLXQwen3ContextualModel": "PPLXQwen3Model",  # pplx-embed-context: the same model, its chunks joined
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,9 @@ DECODER = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True, c
 # Gemma and Gemma3 text models: EmbeddingGemma (bidirectional, as its config's use_bidirectional_attention
 # says, so mean-pooled) and causal ones, last token; the config alone sets the mask (no --bidirectional)
 GEMMA = Family(DecoderBackbone, ("embed", "classify"), "last", decoder=True)
+# pplx-embed and pplx-embed-context (their remote PPLXQwen3Model, run without its code): Qwen3 blocks without
+# a causal mask, as their config says, mean-pooled
+PPLX = Family(DecoderBackbone, ("embed",), "mean", decoder=True)
 # CLIP, SigLIP and SigLIP2: a text tower and a vision tower (engine/models/dual_encoder.py is their head)
 DUAL_ENCODER = Family(DualEncoderBackbone, ("embed",), "last")
 # Qwen2-VL and Qwen3-VL: a decoder over texts that hold images (engine/models/vision_language.py), last token
@@ -123,6 +129,7 @@ MODEL_TYPES: dict[str, ModelType] = {
     "mpnet": ModelType(BERT, "MPNetModel", bert.MPNET),
     "modernbert": ModelType(MODERNBERT, "ModernBertModel"),
     "qwen3": ModelType(QWEN3, "Qwen3Model", decoder.QWEN3),
+    "bidirectional_pplx_qwen3": ModelType(PPLX, "PPLXQwen3Model", decoder.PPLX_QWEN3),
     "qwen2": ModelType(DECODER, "Qwen2Model", decoder.QWEN2),
     "llama": ModelType(DECODER, "LlamaModel", decoder.LLAMA),
     "mistral": ModelType(DECODER, "MistralModel", decoder.MISTRAL),

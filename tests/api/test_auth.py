@@ -36,6 +36,7 @@ ROUTES = {
     "/classify": ("POST", {"input": "x"}, "openai"),
     "/v1/classify": ("POST", {"input": "x"}, "openai"),
     "/embed_sparse": ("POST", {"inputs": "x"}, "tei"),
+    "/v1/contextualizedembeddings": ("POST", {"input": [["x", "y"]]}, "perplexity"),
 }
 WRONG = {
     "no header": {},
@@ -82,6 +83,8 @@ def assert_unauthorized(response, shape: str) -> None:
         assert payload["error"]["type"] == "authentication_error" and payload["error"]["code"] == 401
     elif shape == "cohere":
         assert list(payload) == ["message"]
+    elif shape == "perplexity":
+        assert list(payload) == ["detail"]
     else:
         assert set(payload) == {"error", "error_type"}
     assert KEY not in response.text

@@ -24,6 +24,7 @@ HOT = {
     "/classify",
     "/v1/classify",
     "/embed_sparse",
+    "/v1/contextualizedembeddings",
 }
 RERANK = {"query": "what is a cat?", "documents": ["a cat is an animal", "stocks fell"]}
 REQUESTS = [
@@ -46,6 +47,9 @@ REQUESTS = [
     ("/pooling", {"input": "a cat", "task": "token_embed"}),  # the bundled model has no token vectors
     ("/classify", {"input": "a cat"}),  # nor labels
     ("/embed_sparse", {"inputs": "a cat"}),  # nor sparse weights
+    ("/v1/contextualizedembeddings", {"input": [["a cat", "sat"], ["a dog"]]}),
+    ("/v1/contextualizedembeddings", {"inputs": [["a cat"]], "output_dtype": "ubinary"}),
+    ("/v1/contextualizedembeddings", {"input": [["a cat", 3]]}),  # FastAPI's 422
 ]
 # headers whose values differ between two answers to the same request
 VOLATILE_HEADERS = {

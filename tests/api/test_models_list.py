@@ -13,6 +13,7 @@ from tests.conftest import build_cross_encoder
 # a request for each task that names its model (/embed_sparse has no model field: the first SPLADE-like)
 REQUESTS = {
     "embed": ("/v1/embeddings", {"input": "a cat"}),
+    "contextualized_embed": ("/v1/contextualizedembeddings", {"input": [["a cat", "sat on the mat"]]}),
     "rerank": ("/v1/rerank", {"query": "a cat", "documents": ["fish", "rails"]}),
     "score": ("/score", {"text_1": "a cat", "text_2": ["fish", "rails"]}),
     "pooling": ("/pooling", {"input": "a cat"}),
@@ -20,7 +21,7 @@ REQUESTS = {
     "classify": ("/classify", {"input": "a cat"}),
 }
 EXPECTED = {
-    "minilm": ["embed", "rerank", "score", "pooling"],
+    "minilm": ["embed", "contextualized_embed", "rerank", "score", "pooling"],
     "cross-encoder": ["rerank", "score", "classify"],
     "classifier": ["classify"],
     "colbert": ["token_embed", "rerank", "score", "pooling"],

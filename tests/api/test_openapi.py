@@ -40,6 +40,7 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/classify",
         "/v1/classify",
         "/embed_sparse",
+        "/v1/contextualizedembeddings",
         "/health",
         "/ready",
         "/metrics",
@@ -65,11 +66,17 @@ def test_the_schema_lists_every_route_and_request_body(client):
         "/classify": "#/components/schemas/ClassifyRequest",
         "/v1/classify": "#/components/schemas/ClassifyRequest",
         "/embed_sparse": "#/components/schemas/TeiEmbedSparseRequest",
+        "/v1/contextualizedembeddings": "#/components/schemas/ContextualizedEmbeddingRequest",
     }
     components = schema["components"]["schemas"]
     assert components["EmbeddingRequest"]["required"] == ["input"]
     assert set(components["RerankRequest"]["required"]) == {"query", "documents"}
     assert components["EmbeddingResponse"]["properties"]["data"]["type"] == "array"
+    encodings = components["EmbeddingRequest"]["properties"]["encoding_format"]["enum"]
+    assert {"base64_int8", "base64_binary"} <= set(encodings)
+    contextualized = components["ContextualizedEmbeddingRequest"]["properties"]
+    assert {"input", "inputs", "dimensions", "encoding_format", "output_dtype"} <= set(contextualized)
+    assert "ContextualizedEmbeddingResponse" in components
 
 
 APP = create_app(ServerConfig())
@@ -118,7 +125,7 @@ def test_every_request_field_says_what_it_does(client):
         for field, property_schema in schema["components"]["schemas"][body]["properties"].items()
         if not property_schema.get("description")
     ]
-    assert len(bodies) == 10 and undocumented == []
+    assert len(bodies) == 11 and undocumented == []
 
 
 def test_the_only_examples_are_the_ones_posy_writes(client):
@@ -152,6 +159,9 @@ def test_the_docs_page_shows_every_route_with_its_fields(client):
         for method in operations:
             assert f"{method.upper()}</span> {path}</h2>" in page
     # a request's fields with their descriptions, bounds and examples; a route's description
-    assert "<code>dimensions</code>" in page and "re-normalize (at least 1)" in page
+    assert (
+        "<code>dimensions</code>" in page
+        and "re-normalized where the model&#x27;s vectors are (at least 1)" in page
+    )
     assert "<code>max_tokens_per_doc</code>" in page and "Example: &quot;what do cats eat?&quot;" in page
     assert "OpenAI&#x27;s embeddings: one vector a text" in page
