@@ -27,12 +27,13 @@ MAX_MARGIN = 2.0
 # until this many requests were checked the margin is MAX_MARGIN: a server's first burst of requests
 # (tokenized all at once, beside the engine) overran estimates the most, by 2.5 times on 2 CPU cores
 MIN_CHECKED = 8
-# an idle engine measures itself again (a probe: one batch of min_tokens) once its latest measurement is
-# PROBE_AFTER_S old, and again at intervals that double while probes find what it had, up to
-# MAX_PROBE_INTERVAL_S: batches measured on a busy host would otherwise stand, with no traffic admitted
-# to measure again, and refuse for ever work that the quiet host finishes in time
+# an idle engine whose batches measured it slower than its latest probe did (by more than PROBE_TOLERANCE)
+# measures itself again (a probe: one batch of min_tokens) once its latest measurement is PROBE_AFTER_S old:
+# batches measured on a busy host would otherwise stand, with no traffic admitted to measure again, and
+# refuse for ever work that the quiet host finishes in time. A probe leaves the rate agreeing with it (it
+# replaces the batches or joins them), so a busy spell costs one probe, and an engine whose batches agree
+# with its probes never probes: a request that comes during a probe waits for it
 PROBE_AFTER_S = 1.0
-MAX_PROBE_INTERVAL_S = 8.0
 # a probe this many times faster or slower than the batches' rate replaces them (they measured another
 # host than the one now); within it, it is one more observation
 PROBE_TOLERANCE = 1.25
@@ -110,7 +111,6 @@ class ServiceRate:
         # the engine's thread (launched)
         self.busy_since: float | None = None
         self._busy_for: float | None = None  # how long it is expected to take; None: as the latest batch
-        self._probe_interval = PROBE_AFTER_S
         self.num_probes = 0
         self._idle: float | None = None  # seconds a token of the latest probe
         self._latest: float | None = None  # ... of the latest measured batch or probe
@@ -132,17 +132,18 @@ class ServiceRate:
             self._batches.add(num_tokens, busy_s)
             self._last_batch_s = busy_s
             self._latest = busy_s / num_tokens
-            self._probe_interval = PROBE_AFTER_S
 
     def probe_due(self, now: float) -> bool:
-        """Whether an idle engine should probe now: it has measured before, and its latest measurement is
-        older than the current probe interval."""
-        return self._batches.measured is not None and now - self._batches.latest_at >= self._probe_interval
+        """Whether an idle engine should probe now: its batches measured it slower than its latest probe
+        did, and its latest measurement is PROBE_AFTER_S old."""
+        measured, idle = self._batches.measured, self._idle
+        if measured is None or idle is None or measured <= PROBE_TOLERANCE * idle:
+            return False
+        return now - self._batches.latest_at >= PROBE_AFTER_S
 
     def observe_probe(self, num_tokens: int, seconds: float) -> bool:
         """A probe's batch of `num_tokens` took `seconds` (the engine's thread, idle otherwise); -> whether
-        it changed the rate beyond PROBE_TOLERANCE (then it replaces the batches, and the next probe
-        comes PROBE_AFTER_S later; else the interval doubles)."""
+        it changed the rate beyond PROBE_TOLERANCE (then it replaces the batches; else it joins them)."""
         if seconds <= 0:
             return False
         with self._lock:
@@ -151,10 +152,8 @@ class ServiceRate:
             changed = not 1 / PROBE_TOLERANCE <= ratio <= PROBE_TOLERANCE
             if changed:
                 self._batches.restart(num_tokens, seconds)
-                self._probe_interval = PROBE_AFTER_S
             else:
                 self._batches.add(num_tokens, seconds)
-                self._probe_interval = min(MAX_PROBE_INTERVAL_S, 2 * self._probe_interval)
             self._last_batch_s = seconds
             self._idle = self._latest = seconds / num_tokens
             self.num_probes += 1

@@ -12,13 +12,7 @@ import pytest
 from engine.batch import pack
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.service_rate import (
-    MAX_PROBE_INTERVAL_S,
-    PROBE_AFTER_S,
-    PROBE_TOLERANCE,
-    MovingRate,
-    ServiceRate,
-)
+from engine.service_rate import PROBE_AFTER_S, PROBE_TOLERANCE, MovingRate, ServiceRate
 from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
@@ -37,22 +31,23 @@ def test_a_probe_that_finds_another_host_replaces_the_batches_and_one_that_agree
     assert 1e-4 < rate.seconds_per_token < 1e-4 * PROBE_TOLERANCE
 
 
-def test_probes_come_when_the_latest_measurement_ages_and_space_out_while_they_agree():
+def test_a_probe_comes_where_batches_measured_a_slower_engine_once_they_age_and_only_then():
+    """A request that comes during a probe waits for it: an engine whose rate agrees with its probes never
+    probes, and a busy spell costs one probe."""
     rate = ServiceRate(max_batch_tokens=1000)
     assert not rate.probe_due(time.perf_counter() + 100)  # nothing to compare with before a measurement
-    rate.observe(1000, 0.1)
+    rate.observe_probe(125, 125 * 1e-4)  # the start-up's seed: 0.1 ms a token
+    rate.observe(1000, 0.11)  # batches that agree with it: no probe, however long it idles
+    assert not rate.probe_due(time.perf_counter() + 100)
+    for _ in range(32):
+        rate.observe(1000, 0.5)  # a busy spell: five times slower
     measured = time.perf_counter()
     assert not rate.probe_due(measured + PROBE_AFTER_S / 2)
     assert rate.probe_due(measured + PROBE_AFTER_S)
-    intervals = []
-    for _ in range(6):
-        rate.observe_probe(125, 125 * 1e-4)
-        probed = time.perf_counter()
-        interval = next(step / 10 for step in range(1, 1000) if rate.probe_due(probed + step / 10))
-        intervals.append(round(interval))
-    assert intervals == [2, 4, 8, 8, 8, 8] and MAX_PROBE_INTERVAL_S == 8
-    rate.observe(1000, 0.1)  # traffic again: the next probe comes PROBE_AFTER_S after it ends
-    assert rate.probe_due(time.perf_counter() + PROBE_AFTER_S)
+    rate.observe_probe(125, 125 * 5e-4)  # the host is still busy: the probe agrees, and joins the batches
+    assert rate.idle_seconds_per_token == pytest.approx(5e-4)
+    assert not rate.probe_due(time.perf_counter() + 100)
+    assert rate.num_probes == 2
 
 
 def test_an_idle_engine_measures_itself_again_once_the_busy_spell_is_over():
