@@ -29,6 +29,7 @@ SUITES: dict[str, str] = {
     "tokens": "benchmarks.token_outputs",
     "fp8": "benchmarks.fp8",
     "images": "benchmarks.images",
+    "seed": "benchmarks.seed",
 }
 # the four serving suites, in the order `all` runs them
 SERVING_SUITES = ("latency", "scoring", "throughput", "concurrency")
@@ -47,12 +48,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--shapes",
         default=None,
-        help="comma-separated shapes of the families suite, or cases of the images suite (default: all)",
+        help="comma-separated shapes of the families suite, cases of the images suite, or models of the seed "
+        "suite (default: all)",
     )
     parser.add_argument(
         "--parts",
         default=None,
-        help="comma-separated parts of the online suite (default, hop, overload, infinity; default: all)",
+        help="comma-separated parts of the online suite (default, hop, overload, infinity) or of the seed "
+        "suite (latency, throughput, concurrency, scoring); default: all",
     )
     parser.add_argument(
         "--smoke",

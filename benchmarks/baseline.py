@@ -59,6 +59,8 @@ class Baseline:
             hidden = output.last_hidden_state.float()
             if self.checkpoint.pooling == "lasttoken":
                 pooled = hidden[torch.arange(len(lengths), device=hidden.device), lengths - 1]
+            elif self.checkpoint.pooling == "cls":
+                pooled = hidden[:, 0]
             else:
                 pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
             for weight in self.dense:
@@ -105,10 +107,23 @@ class Baseline:
                 if token_type_ids is not None:
                     inputs["token_type_ids"] = types
                 inputs = {name: tensor.to(self.device, non_blocking=True) for name, tensor in inputs.items()}
-                output = self.model(**inputs)
+                output = self._forward(inputs)
                 pooled = pool(output, inputs["attention_mask"], lengths.to(self.device))
                 rows.update(zip(chunk, pooled.float().cpu().numpy()))
         return np.stack([rows[index] for index in range(len(sequences))])
+
+    def _forward(self, inputs: dict):
+        """The model on a padded batch; a bidirectional decoder (pplx-embed) with every layer's causal flag
+        off and a mask of the valid keys, as its modeling code runs it."""
+        if self.checkpoint.causal:
+            return self.model(**inputs)
+        model = self.model
+        model.config.is_causal = False
+        for layer in model.layers:
+            layer.self_attn.is_causal = False
+        valid = inputs["attention_mask"].bool()
+        mask = {"full_attention": valid[:, None, None, :].expand(-1, 1, valid.shape[1], -1)}
+        return model(input_ids=inputs["input_ids"], attention_mask=mask)
 
 
 def min_cosine(a: np.ndarray, b: np.ndarray) -> float:

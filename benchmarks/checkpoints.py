@@ -40,9 +40,10 @@ class Checkpoint:
     family: str  # "bert" | "qwen3" | a layout of benchmarks/layouts.py
     shape: str
     reference: Any  # the transformers model in float32 (on the CPU unless it was made elsewhere)
-    pooling: str = "mean"  # an embedder's sentence-transformers pooling mode: "mean" | "lasttoken"
+    pooling: str = "mean"  # an embedder's sentence-transformers pooling mode: "mean" | "lasttoken" | "cls"
     # its Dense modules' weights, in order ([out, in], float32; no bias, identity activation)
     dense: tuple[Any, ...] = ()
+    causal: bool = True  # a decoder's attention; False: bidirectional (pplx-embed)
 
 
 def words(num_words: int, rng: random.Random) -> str:

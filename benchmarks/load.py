@@ -33,7 +33,7 @@ class _Usage(msgspec.Struct):
 
 
 class _Reply(msgspec.Struct):  # the rest of the reply is skipped, not decoded
-    usage: _Usage
+    usage: _Usage | None = None  # (a rerank's has none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +177,8 @@ def _client(url, bodies, plan, ready, go, start_at, results) -> None:
             status, headers, content = post(index % len(bodies))
             ended = time.monotonic()
             if status == 200:
-                tokens = usage.decode(content).usage.prompt_tokens
+                reply_usage = usage.decode(content).usage
+                tokens = reply_usage.prompt_tokens if reply_usage is not None else 0
                 stages = {
                     stage: float(headers[name]) for stage, name in STAGE_HEADERS.items() if name in headers
                 }
