@@ -177,7 +177,7 @@ def http_records(context, folder, cases, device, dtype_name, backend, smoke, fai
             body = json.dumps(
                 {"model": SERVED_NAME, "query": case.query, "documents": case.documents}
             ).encode()
-            window, warmup = (0.5, 0.1) if smoke else (6.0, 1.5)
+            window, warmup = (0.5, 0.1) if smoke else (4.0, 1.0)
             load = run_clients(url, [[body]], duration_s=window, warmup_s=warmup, path="/v2/rerank")
             p50, p99 = load.latency_ms(50), load.latency_ms(99)
             records += [

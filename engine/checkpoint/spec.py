@@ -84,6 +84,9 @@ class ModelSpec:
     native_quantization: str | None = None
     # how a contextual embedder joins a document's chunks in one pass (pplx-embed-context); None: not one
     chunk_join: ChunkJoin | None = None
+    # the width of a row its head gives (the head's, read once: a route asks it of every request, and a
+    # transformers config's get_text_config() costs 25 to 40 us)
+    output_dim: int = 0
 
     # what the head says of the served model
     @property
@@ -116,9 +119,6 @@ class ModelSpec:
     def dense(self) -> tuple[DenseLayout, ...]:
         return self.head.dense
 
-    @property
-    def output_dim(self) -> int:
-        return self.head.output_dim(self.hf_config)
 
     # the layouts of the heads that have one, for the routes that read them
     @property
@@ -206,6 +206,7 @@ def read_spec(
         text_padding=text_padding(checkpoint, family_config),
         input_layout=input_layout(checkpoint, family_config) if embeds else None,
         native_quantization=native_quantization(checkpoint.modules) if embeds else None,
+        output_dim=head.output_dim(checkpoint.hf_config),
         chunk_join=read_chunk_join(checkpoint, tokenizer_path) if embeds else None,
     )
 
