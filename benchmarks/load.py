@@ -43,7 +43,7 @@ class LoadResult:
     latencies_s: list[float]  # successful requests: the client's wall time of the POST, body read
     num_tokens: int  # sum of their usage.prompt_tokens
     errors: list[str]  # one line per failed request: "HTTP 429: ..." or the transport error
-    wall_s: float  # from the window's start to its last response
+    wall_s: float  # from the first timed request's start to the last response
     stages_ms: dict[str, list[float]]  # successful requests: the server's timing headers, by stage
 
     @property
@@ -131,7 +131,10 @@ def run_clients(
     latencies = [end - start for start, end, _, error, _ in samples if error is None]
     num_tokens = sum(tokens for _, _, tokens, error, _ in samples if error is None)
     errors = [error for _, _, _, error, _ in samples if error is not None]
-    wall_s = max((end for _, end, _, _, _ in samples), default=window_start) - window_start
+    # from the first timed request's start: a request in flight at the warm-up's end (a 100 x 4,096-token
+    # one takes seconds) would otherwise count its tail as time of the timed ones
+    first_start = min((start for start, *_ in samples), default=window_start)
+    wall_s = max((end for _, end, _, _, _ in samples), default=first_start) - first_start
     stages: dict[str, list[float]] = {}
     for *_, error, stage_ms in samples:
         for stage, value in (stage_ms or {}).items():

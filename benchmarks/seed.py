@@ -40,6 +40,7 @@ from benchmarks.records import Record, RunContext, SuiteOutcome
 from benchmarks.seed_models import BY_NAME, SeedModel, real_shape
 from benchmarks.seed_table import PUBLISHED, TARGETS, anchor_note
 from benchmarks.seed_texts import TextMaker
+from benchmarks.seed_tokenizers import load_sentences
 from benchmarks.timing import timed
 
 PARTS = ("latency", "throughput", "concurrency", "scoring")
@@ -47,6 +48,7 @@ PARTS = ("latency", "throughput", "concurrency", "scoring")
 TOKENIZERS_ENV = "POSY_SEED_TOKENIZERS"
 DEFAULT_TOKENIZERS = Path(".gpu/seed-tokenizers")
 SERVED_NAME = "bench"
+MIN_REQUESTS_A_CLIENT = 3  # a throughput window holds at least this many of each client's requests
 MIN_COSINE = 0.999  # posy in bf16 against the reference in fp32: cosine divergence within 0.1%
 
 
@@ -85,6 +87,9 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
     shapes = getattr(options, "shapes", None)
     names = shapes.split(",") if shapes else list(BY_NAME)
     say_infinity()
+    # prose where the real tokenizers are: a smoke run's word tokenizers know none of its words
+    sentences = load_sentences(tokenizers) if tokenizers is not None else []
+    print(f"texts: {TextMaker.describe(sentences)}")
     outcome = SuiteOutcome([], [])
     embedder_parts = [part for part in parts if part != "scoring"]
     for name in (
@@ -93,13 +98,15 @@ def run(options: argparse.Namespace) -> SuiteOutcome:
         with tempfile.TemporaryDirectory() as folder:
             model = BY_NAME[name]
             checkpoint = model.save(Path(folder), real_shape(smoke, model.shape), tokenizers, device)
-            side = EmbedderSide(options, model, checkpoint, plan, device, gpu, smoke)
+            side = EmbedderSide(options, model, checkpoint, plan, device, gpu, smoke, sentences)
             side.measure(embedder_parts)
             outcome.records += side.records
             outcome.failures += side.failures
     if "scoring" in parts:
         for name in [name for name in ("bge-reranker-v2-m3", "qwen3-reranker-0.6b") if name in names]:
-            records, failures = measure_scoring(options, BY_NAME[name], tokenizers, device, gpu, smoke)
+            records, failures = measure_scoring(
+                options, BY_NAME[name], tokenizers, device, gpu, smoke, sentences
+            )
             outcome.records += records
             outcome.failures += failures
     return outcome
@@ -113,7 +120,9 @@ def say_infinity() -> None:
 class EmbedderSide:
     """One embedder's cases: its engine alone and HF in process, then one `posy serve` for HTTP."""
 
-    def __init__(self, options, model: SeedModel, checkpoint, plan: Plan, device: str, gpu, smoke: bool):
+    def __init__(
+        self, options, model: SeedModel, checkpoint, plan: Plan, device: str, gpu, smoke: bool, sentences
+    ):
         import torch
 
         self.options, self.model, self.checkpoint, self.plan = options, model, checkpoint, plan
@@ -124,12 +133,13 @@ class EmbedderSide:
         self.context = RunContext(suite=options.suite, model=model_name, gpu=gpu, backend="unknown")
         self.records: list[Record] = []
         self.failures: list[str] = []
+        self.engine_rates: dict[int, float] = {}  # length -> the engine's embeddings a second
         self.baseline = Baseline(checkpoint, device, self.dtype)
         tokenizer = self.baseline.tokenizer
         num_specials = (
             tokenizer.post_processor.num_special_tokens_to_add(False) if tokenizer.post_processor else 0
         )
-        self.texts = TextMaker(tokenizer, num_specials, random.Random(0))
+        self.texts = TextMaker(tokenizer, num_specials, random.Random(0), sentences)
 
     # the sides
     def measure(self, parts: list[str]) -> None:
@@ -208,6 +218,7 @@ class EmbedderSide:
         hf_rate = 2 * self.plan.texts_per_request / (time.perf_counter() - started)
         case = f"{self.model.name}-{self.plan.texts_per_request}x{length}-engine"
         rate = done / wall
+        self.engine_rates[length] = rate
         self.records.append(self.context.record(case, "embeddings_per_s", rate, "embeddings/s", hf_rate))
         print(
             f"{case}: engine {rate:.1f} embeddings/s from {self.plan.num_clients} streams; HF {hf_rate:.1f}"
@@ -244,14 +255,18 @@ class EmbedderSide:
                     self.http_records(f"{self.model.name}-clients-{level}", load)
 
     def http_throughput(self, url: str, length: int) -> None:
+        # each request 100 of a pool of 200 texts, drawn anew (the server caches nothing)
+        pool = self.texts.texts(length, 2 * self.plan.texts_per_request)
+        draw = random.Random(length)
         bodies = [
-            [
-                self.body([self.texts.text(length) for _ in range(self.plan.texts_per_request)])
-                for _ in range(2)
-            ]
+            [self.body(draw.sample(pool, self.plan.texts_per_request)) for _ in range(2)]
             for _ in range(self.plan.num_clients)
         ]
-        load = run_clients(url, bodies, duration_s=self.plan.window_s, warmup_s=self.plan.warmup_s)
+        # at least MIN_REQUESTS_A_CLIENT timed requests a client, as long as the engine takes for them
+        engine_rate = self.engine_rates.get(length)
+        request_s = self.plan.texts_per_request * self.plan.num_clients / engine_rate if engine_rate else 0.0
+        window = max(self.plan.window_s, MIN_REQUESTS_A_CLIENT * request_s)
+        load = run_clients(url, bodies, duration_s=window, warmup_s=self.plan.warmup_s)
         case = f"{self.model.name}-{self.plan.texts_per_request}x{length}"
         rate = load.num_requests * self.plan.texts_per_request / load.wall_s if load.wall_s else 0.0
         self.record_http(case, "embeddings_per_s", rate, "embeddings/s")

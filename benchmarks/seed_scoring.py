@@ -12,6 +12,7 @@ import dataclasses
 import json
 import random
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,13 @@ class Case:
 
 
 def measure_scoring(
-    options, model: SeedModel, tokenizers: Path | None, device: str, gpu: str | None, smoke: bool
+    options,
+    model: SeedModel,
+    tokenizers: Path | None,
+    device: str,
+    gpu: str | None,
+    smoke: bool,
+    sentences: Sequence[str] = (),
 ) -> tuple[list[Record], list[str]]:
     import torch
 
@@ -77,7 +84,9 @@ def measure_scoring(
             context = dataclasses.replace(context, backend=engine.attention_backend)
             try:
                 tokenizer, rerank = rerank_model(engine, checkpoint.folder, model.kind, spec.max_seq_length)
-                cases = cases or made_cases(model.name, rerank, tokenizer, baseline.tokenizer, smoke)
+                cases = cases or made_cases(
+                    model.name, rerank, tokenizer, baseline.tokenizer, smoke, sentences
+                )
                 for case in cases:
                     label = case.name if quantization == "none" else f"{case.name}-fp8"
                     p50, error = engine_case(rerank, baseline, case, repeats, device, dtype)
@@ -101,10 +110,12 @@ def measure_scoring(
     return records, failures
 
 
-def made_cases(name: str, rerank, tokenizer, hf_tokenizer, smoke: bool) -> list[Case]:
+def made_cases(
+    name: str, rerank, tokenizer, hf_tokenizer, smoke: bool, sentences: Sequence[str] = ()
+) -> list[Case]:
     """A query and NUM_DOCUMENTS documents each, every pair PAIR_TOKENS long after templating."""
     pair_tokens = SMOKE_PAIR_TOKENS if smoke else PAIR_TOKENS
-    texts = TextMaker(hf_tokenizer, 0, random.Random(3))
+    texts = TextMaker(hf_tokenizer, 0, random.Random(3), sentences)
     cases = []
     for num_documents in NUM_DOCUMENTS:
         query = texts.text(QUERY_TOKENS)

@@ -10,8 +10,9 @@ vocabularies that PyPI wheels carry, and shipped to the GPU machine in .gpu/ (ca
   strings of Mistral's Tekken (150k, multilingual; mistral-common's wheel) and DeepSeek-V3's vocabularies
   (with and without their word-start mark), scored so that the fewest pieces win.
 
-`python -m benchmarks.seed_tokenizers FOLDER` writes both, gzipped (it downloads the two wheels with pip);
-`load(FOLDER, NAME)` reads one back."""
+`python -m benchmarks.seed_tokenizers FOLDER` writes both, gzipped (it downloads the two wheels with pip),
+and the STS Benchmark's test sentences ("sentences.txt.gz"), the prose the suite's texts are made of;
+`load(FOLDER, NAME)` reads a tokenizer back, `load_sentences(FOLDER)` the sentences."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from benchmarks.texts import STS_TEST, sts_sentences
+
 QWEN3_BPE = "qwen3-bpe.json.gz"
 XLMR_UNIGRAM = "xlmr-unigram.json.gz"
+SENTENCES = "sentences.txt.gz"  # the STS Benchmark's test sentences: the suite's texts
 # the wheels and the files in them; pinned so that every run builds the same vocabularies
 DEEPSEEK = ("litellm==1.110.2", "litellm/litellm_core_utils/tokenizers/deepseek_tokenizer.json")
 TEKKEN = ("mistral-common==1.13.1", "mistral_common/data/tekken_240911.json")
@@ -175,6 +179,19 @@ def prepare(folder: Path) -> None:
         (folder / name).write_bytes(gzip.compress(json.dumps(tokenizer, ensure_ascii=False).encode()))
         loaded = load(folder, name)  # it loads, and says what it is
         print(f"{folder / name}: {loaded.get_vocab_size()} tokens, {type(loaded.model).__name__}")
+    sentences = sts_sentences()
+    if not sentences:
+        raise FileNotFoundError(f"{STS_TEST}: the STS Benchmark test file, the suite's texts, is missing")
+    (folder / SENTENCES).write_bytes(gzip.compress("\n".join(sentences).encode()))
+    print(f"{folder / SENTENCES}: {len(sentences)} sentences")
+
+
+def load_sentences(folder: Path | None) -> list[str]:
+    """The sentences prepare() wrote into `folder`; else the STS Benchmark's where it is at hand; else []."""
+    path = None if folder is None else folder / SENTENCES
+    if path is not None and path.exists():
+        return gzip.decompress(path.read_bytes()).decode().split("\n")
+    return sts_sentences()
 
 
 def load(folder: Path, name: str):
