@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 # hidden size, layers, heads, intermediate size
-BERT_SIZES = {"minilm": (384, 6, 12, 1536), "bert-base": (768, 12, 12, 3072), "smoke": (64, 2, 4, 128)}
+BERT_SIZES = {
+    "minilm": (384, 6, 12, 1536), "bert-base": (768, 12, 12, 3072), "smoke": (64, 2, 4, 128),
+    "bert-large": (1024, 24, 16, 4096),  # XLM-R large's transformer (BGE-M3, bge-reranker-v2-m3): profile
+}  # fmt: skip
 BERT_SHAPES = {
     name: dict(zip(("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"), sizes))
     for name, sizes in BERT_SIZES.items()

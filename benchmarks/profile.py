@@ -1,7 +1,8 @@
 """`python -m benchmarks.profile [SHAPE] [BACKEND] [QUANTIZATION] [CASES]`: where an engine step spends its
 time (QUANTIZATION "fp8": with --quantization fp8; CASES: a comma-separated subset), on the BERT-base
-shape (the default) at batch 1 x 128, at a full 16k-token batch of 50-token texts and at the scoring
-suite's 5 and 50 pairs of 512 tokens, on the Qwen3-0.6B shape at one text of 128 and of 4096 tokens
+shape (the default; "bert-large": XLM-R large's transformer, the seed suite's BGE-M3 and its reranker) at
+batch 1 x 128, at a full 16k-token batch of 50-token texts and at the scoring suite's 5 and 50 pairs of
+512 tokens, on the Qwen3-0.6B shape at one text of 128 and of 4096 tokens
 and at 50 x 512 (the judge's body), on a families-suite shape (mpnet-base, qwen2-1.5b, gemma3-300m)
 at its 100 mixed texts in one batch, or on the images suite's dual encoders (clip-vit-b16,
 siglip-base-p16) at 32 images and at a full 16k-token batch of them: the host's share (pack, step,
