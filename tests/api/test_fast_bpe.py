@@ -119,3 +119,17 @@ def test_disagreeing_on_the_check_texts_keeps_the_tokenizers_library(monkeypatch
         FastBPE, "content_ids", lambda self, texts: [ids + [0] for ids in reference(tokenizer, list(texts))]
     )
     assert FastBPE.of(tokenizer) is None
+
+
+def test_a_gateway_tokenizes_a_byte_level_bpe_models_texts_with_it(tmp_path):
+    """TextEncoder (every route's tokenization) takes FastBPE for such a tokenizer: same ids, the texts past
+    its window refused or cut as before."""
+    from api.tokenize import TextEncoder
+
+    tokenizer = TOKENIZERS["qwen"]
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    encoder = TextEncoder(tmp_path / "tokenizer.json", window=64, vocab_size=tokenizer.get_vocab_size())
+    assert encoder.fast_bpe is not None
+    texts = [CORPUS[1], CORPUS[2] * 5]
+    expected = [ids[:64] for ids in reference(tokenizer, texts)]
+    assert encoder.encode(texts, None, truncate=True) == expected
