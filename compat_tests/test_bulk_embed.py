@@ -1,4 +1,4 @@
-"""`posy embed` on this machine, as a user runs it: 8,000 rows embedded through the in-process engine
+"""`posy embed` on this machine, as a user runs it: 2,000 rows embedded through the in-process engine
 equal /v1/embeddings' vectors, in input order; a job killed with SIGKILL midway resumes from its finished
 shards to the same output as an uninterrupted run; other formats, Matryoshka dimensions, bad input, and
 input and output on object storage (a loopback S3 server, moto's)."""
@@ -23,7 +23,7 @@ from .contract import MODEL
 from .corpus import JOB_TIMEOUT_S, STS_TEST, assert_rows_match, http_vectors, posy_embed, write_corpus
 
 pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason=f"no STS Benchmark test split at {STS_TEST}")
-SHARD_ROWS = 800  # 10 shards
+SHARD_ROWS = 200  # 10 shards of the corpus's 2,000 rows
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """posy on Ray, against a local Ray cluster the test starts (4 logical CPUs, a 300 MB object store, loopback
-only): `posy embed --ray` through Ray Data gives /v1/embeddings' vectors for the 8,000-row corpus, and
+only): `posy embed --ray` through Ray Data gives /v1/embeddings' vectors for a corpus of two batches, and
 `posy serve --ray` runs 2 Serve replicas that the openai and cohere SDKs drive like a plain `posy serve`."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
+from api.bulk.ray_job import BATCH_ROWS
+
 from .conftest import REPO_ROOT, free_port, server_env
 from .contract import MODEL, SAME_VECTOR, cohere_client, cosine
 from .corpus import STS_TEST, assert_rows_match, http_vectors, posy_embed, write_corpus
@@ -24,6 +26,8 @@ from .corpus import STS_TEST, assert_rows_match, http_vectors, posy_embed, write
 pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason=f"no STS Benchmark test split at {STS_TEST}")
 START_TIMEOUT_S = 240
+# two map_batches calls on the one worker, the second short: a Ray worker's engine runs on one thread
+NUM_ROWS = BATCH_ROWS + 256
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell today."]
 QUERY = "Where do emperor penguins raise their chicks?"
 DOCS = [
@@ -59,7 +63,7 @@ def ray_address(tmp_path_factory):
 
 
 def test_a_ray_data_job_equals_the_http_api(ray_address, tmp_path, embed):
-    corpus = write_corpus(tmp_path)
+    corpus = write_corpus(tmp_path, NUM_ROWS)
     output = tmp_path / "vectors"
     posy_embed(
         str(corpus.path), "--output", str(output), "--id-column", "id", "--ray", ray_address, env=ray_env()
