@@ -250,13 +250,14 @@ def test_concurrent_requests_get_their_own_vectors(http, embed):
             assert cosine(got[row], expected[row]) >= SAME_VECTOR, (index, row)
 
 
-# servers started with other flags
+# a server started with other flags, which the tests below share (each flag checked on its own)
+FLAGGED = ("--auto-truncate", "--served-model-name", "my-embedder", "--served-model-name", "alias2")
 
 
 def test_auto_truncate_server_accepts_over_long_input(server_factory, embed):
-    truncating = server_factory("--auto-truncate")
+    truncating = server_factory(*FLAGGED)
     with httpx.Client(base_url=truncating.url, timeout=120.0, trust_env=False) as client:
-        body = {"model": MODEL, "input": words(300), "encoding_format": "float"}
+        body = {"model": "my-embedder", "input": words(300), "encoding_format": "float"}
         response = client.post(EMBED_ROUTE, json=body)
     assert response.status_code == 200, response.text
     body = response.json()
@@ -266,7 +267,7 @@ def test_auto_truncate_server_accepts_over_long_input(server_factory, embed):
 
 
 def test_served_model_names(server_factory):
-    named = server_factory("--served-model-name", "my-embedder", "--served-model-name", "alias2")
+    named = server_factory(*FLAGGED)
     with httpx.Client(base_url=named.url, timeout=120.0, trust_env=False) as client:
         vectors = []
         for name in ("my-embedder", "alias2"):
