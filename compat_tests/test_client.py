@@ -71,9 +71,16 @@ def test_errors_are_typed_and_not_retried(base_url):
     assert retries == []
 
 
+# a server with an API key and a tiny queue (512 tokens), which the tests below share
+KEY = "sesame"
+SECURED_SMALL = (
+    "--api-key", KEY, "--device", "cpu", "--max-queue-tokens", "512", "--max-batch-tokens", "512",
+)  # fmt: skip
+
+
 def test_the_api_key_is_sent(server_factory):
-    secured = server_factory("--api-key", "sesame")
-    with Client(secured.url, api_key="sesame") as client:
+    secured = server_factory(*SECURED_SMALL)
+    with Client(secured.url, api_key=KEY) as client:
         assert len(client.embed(TEXTS[:1])) == 1
     with Client(secured.url, api_key="wrong") as client, pytest.raises(InvalidRequest) as raised:
         client.embed(TEXTS[:1])
@@ -82,12 +89,12 @@ def test_the_api_key_is_sent(server_factory):
 
 def test_a_429_is_retried_after_its_retry_after_until_the_queue_has_room(server_factory):
     # a tiny queue: a large request fills it for seconds, during which others get 429 + Retry-After
-    small = server_factory("--device", "cpu", "--max-queue-tokens", "512", "--max-batch-tokens", "512")
-    filler = [f"filler text number {index} " + "with many words in it " * 8 for index in range(600)]
+    small = server_factory(*SECURED_SMALL)
+    filler = [f"filler text number {index} " + "with many words in it " * 8 for index in range(300)]
     admitted = threading.Event()
 
     def fill() -> None:
-        with httpx.Client(timeout=300) as http:
+        with httpx.Client(timeout=300, headers={"authorization": f"Bearer {KEY}"}) as http:
             admitted.set()
             assert http.post(f"{small.url}/v1/embeddings", json={"input": filler}).status_code == 200
 
@@ -97,7 +104,7 @@ def test_a_429_is_retried_after_its_retry_after_until_the_queue_has_room(server_
     time.sleep(0.5)  # the filler is queued: its tokens are far above the queue's 512
     retries: list[tuple[int, int | None, float]] = []
     patient = RetryPolicy(max_retries=60)
-    with Client(small.url, retry=patient, on_retry=lambda *args: retries.append(args)) as client:
+    with Client(small.url, api_key=KEY, retry=patient, on_retry=lambda *args: retries.append(args)) as client:
         started = time.monotonic()
         rows = client.embed(TEXTS, as_numpy=True)
         waited = time.monotonic() - started
@@ -105,7 +112,7 @@ def test_a_429_is_retried_after_its_retry_after_until_the_queue_has_room(server_
     assert rows.shape[0] == len(TEXTS)
     assert retries and all(status == 429 and delay >= 1.0 for _, status, delay in retries), retries
     assert waited >= sum(delay for *_, delay in retries)  # each Retry-After was honoured in full
-    with Client(small.url, retry=RetryPolicy(max_retries=0)) as impatient:
+    with Client(small.url, api_key=KEY, retry=RetryPolicy(max_retries=0)) as impatient:
         filling = threading.Thread(target=fill)
         filling.start()
         admitted.wait()
