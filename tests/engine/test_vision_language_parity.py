@@ -141,12 +141,24 @@ def test_texts_and_images_inside_them_match_transformers(inputs):
     np.testing.assert_allclose(texts_alone, expected[:1], atol=TOLERANCE, rtol=0)
 
 
-def test_through_the_engine_and_two_replicas(inputs, checkpoint):
-    """The engine's queue (batches of at most 96 tokens: the sequences split over several) and two replica
-    processes (the grids cross the request ring) give the rows of the model alone, in order."""
+@pytest.fixture(scope="module")
+def replicas(checkpoint):
+    """Two replica processes of the checkpoint, which the tests that only send them requests share: chunks of
+    at most 96 tokens, so that a request of several sequences goes to both."""
     from engine.checkpoint.source import ModelSource
     from engine.replicas.replica_set import ReplicaSet
 
+    config = EngineConfig(device="cpu", dtype="float32", max_batch_tokens=96, max_queue_tokens=10**5)
+    replica_set = ReplicaSet(ModelSource(str(checkpoint[0])), 2, config)
+    replica_set.start()
+    yield replica_set
+    replica_set.stop()
+
+
+def test_through_the_engine_and_two_replicas(inputs, replicas):
+    """The engine's queue (batches of the longest sequence: the sequences split over several) and two
+    replica processes (the grids cross the request ring, in chunks to both) give the rows of the model
+    alone, in order."""
     spec, sequences, images, expected = inputs
     order = np.random.default_rng(1).permutation(len(sequences))
     ordered = [sequences[i] for i in order]
@@ -159,18 +171,13 @@ def test_through_the_engine_and_two_replicas(inputs, checkpoint):
     finally:
         engine.stop()
     np.testing.assert_allclose(got, expected[order], atol=TOLERANCE, rtol=0)
-    replica_set = ReplicaSet(ModelSource(str(checkpoint[0])), 2, config)
-    replica_set.start()
-    try:
+    before = list(replicas.pool.chunks_sent)
 
-        async def run():
-            return (
-                await replica_set.pool.enqueue(ordered * 2, rows=RowRequest(images=list(rows.images) * 2))
-            ).rows
+    async def run():
+        return (await replicas.pool.enqueue(ordered * 2, rows=RowRequest(images=list(rows.images) * 2))).rows
 
-        got = asyncio.run(asyncio.wait_for(run(), 120))
-    finally:
-        replica_set.stop()
+    got = asyncio.run(asyncio.wait_for(run(), 120))
+    assert all(after > sent for after, sent in zip(replicas.pool.chunks_sent, before))  # both took chunks
     np.testing.assert_allclose(got, np.concatenate([expected[order]] * 2), atol=TOLERANCE, rtol=0)
 
 
@@ -225,15 +232,12 @@ def test_a_text_that_continues_a_prefix_beside_an_image(inputs):
     np.testing.assert_allclose(mixed[1], whole[0], atol=TOLERANCE, rtol=0)
 
 
-def test_a_sequence_of_two_images_and_texts(inputs, checkpoint):
+def test_a_sequence_of_two_images_and_texts(inputs, checkpoint, replicas):
     """Two images in one sequence (a reranker's pair of an image query and an image document, a fused
     input of several images): each its run of placeholders, the text after each going on from it, as
     transformers' model lays out the positions of several images; alone, beside a text, and through two
     replica processes (the images of a sequence cross the request ring together)."""
     from tokenizers import Tokenizer
-
-    from engine.checkpoint.source import ModelSource
-    from engine.replicas.replica_set import ReplicaSet
 
     spec, sequences, images, _ = inputs
     tokenizer = Tokenizer.from_file(str(spec.tokenizer_path))
@@ -258,18 +262,12 @@ def test_a_sequence_of_two_images_and_texts(inputs, checkpoint):
     np.testing.assert_allclose(packed[1], expected, atol=TOLERANCE, rtol=0)
     with pytest.raises(ValueError, match="not one run of the"):
         ours(pack([ids], images=[(first,)], output=ours.output))
-    config = EngineConfig(device="cpu", dtype="float32", max_queue_tokens=10**5)
-    replica_set = ReplicaSet(ModelSource(str(checkpoint[0])), 2, config)
-    replica_set.start()
-    try:
-        rows = RowRequest(images=[None, (first, second), images[1]] * 2)
+    rows = RowRequest(images=[None, (first, second), images[1]] * 2)
 
-        async def run():
-            return (await replica_set.pool.enqueue([sequences[0], ids, sequences[1]] * 2, rows=rows)).rows
+    async def run():
+        return (await replicas.pool.enqueue([sequences[0], ids, sequences[1]] * 2, rows=rows)).rows
 
-        got = asyncio.run(asyncio.wait_for(run(), 120))
-    finally:
-        replica_set.stop()
+    got = asyncio.run(asyncio.wait_for(run(), 120))
     np.testing.assert_allclose(got[1], expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(got[4], expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(got[2], inputs[3][1], atol=TOLERANCE, rtol=0)
