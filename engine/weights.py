@@ -107,15 +107,23 @@ def settle_fp8_rows(
         unquantize_linears(backbone)
         backbone.fuse_fp8_inputs()
         logger.warning(
-            "%s: --quantization fp8 is faster at no batch size up to %d tokens on this GPU (measured for "
-            "%s): the model runs in its dtype", spec.name, max_rows, ", ".join(chosen),
+            "%s: --quantization fp8 is faster at no batch size up to %d tokens on this GPU (measured: %s): "
+            "the model runs in its dtype", spec.name, max_rows, measured(chosen, max_rows),
         )  # fmt: skip
         return
     logger.info(
         "%s: %d projections run in FP8 (weights per channel, inputs per token) where it is faster, as "
-        "measured: %s", spec.name, len(layers),
-        "; ".join(f"{shape} from {rows:.0f} rows" for shape, rows in chosen.items()),
+        "measured: %s", spec.name, len(layers), measured(chosen, max_rows),
     )  # fmt: skip
+
+
+def measured(chosen: dict[str, tuple[float, float]], max_rows: int) -> str:
+    """choose_fp8_rows' outcome for the log: each shape's first FP8 size and its gain at the largest."""
+    return "; ".join(
+        f"{shape} {speedup:.2f}x the model dtype at {max_rows} rows, "
+        + ("never in FP8" if rows == NEVER else f"FP8 from {rows:.0f} rows")
+        for shape, (rows, speedup) in chosen.items()
+    )
 
 
 def check_checkpoint(spec: ModelSpec, dtype: torch.dtype) -> None:

@@ -25,29 +25,34 @@ QUEUE_AHEAD_CYCLES = 4_000_000
 Timing = tuple[int, float, float]
 
 
-def choose_fp8_rows(backbone: nn.Module, max_rows: int) -> dict[str, float]:
+def choose_fp8_rows(backbone: nn.Module, max_rows: int) -> dict[str, tuple[float, float]]:
     """Set each Fp8Linear's min_rows under `backbone` by measuring its shape on its device, once a shape
-    (its sizes, activation, bias, and whether a producer writes its input in FP8: the backbone's
-    `fp8_fed`, whose FP8 path is the GEMM alone); returns min_rows by shape ("768x3072 gelu": 2048.0)."""
+    (its sizes, activation, bias, whether a producer writes its input in FP8: the backbone's `fp8_fed`,
+    whose FP8 path is the GEMM alone, and whether it writes the next one's: `fp8_activated`); returns
+    (min_rows, FP8's speedup at max_rows) by shape ("768x3072 gelu +bias": (2048.0, 1.21))."""
     chosen: dict[str, float] = {}
+    speedups: dict[str, float] = {}
     sizes = row_sizes(max_rows)
     fed_names = getattr(backbone, "fp8_fed", ())
+    activated_names = getattr(backbone, "fp8_activated", ())
     for parent in backbone.modules():
         for name, layer in parent.named_children():
             if not isinstance(layer, Fp8Linear):
                 continue
-            fed = name in fed_names
-            shape = shape_of(layer, fed)
+            fed, activated = name in fed_names, name in activated_names
+            shape = shape_of(layer, fed, activated)
             if shape not in chosen:
-                chosen[shape] = pays_from(measure(layer, sizes, fed))
+                timings = measure(layer, sizes, fed, activated)
+                chosen[shape] = pays_from(timings)
+                speedups[shape] = timings[-1][1] / timings[-1][2]
             layer.min_rows = chosen[shape]
-    return chosen
+    return {shape: (rows, speedups[shape]) for shape, rows in chosen.items()}
 
 
-def shape_of(layer: Fp8Linear, fed: bool = False) -> str:
+def shape_of(layer: Fp8Linear, fed: bool = False, activated: bool = False) -> str:
     activation = f" {layer.activation}" if layer.activation else ""
     extras = f"{'' if layer.bias is None else ' +bias'}{' fed fp8' if fed else ''}"
-    return f"{layer.in_features}x{layer.out_features}{activation}{extras}"
+    return f"{layer.in_features}x{layer.out_features}{activation}{extras}{' to fp8' if activated else ''}"
 
 
 def row_sizes(max_rows: int) -> list[int]:
@@ -70,12 +75,16 @@ def pays_from(timings: Sequence[Timing]) -> float:
     return start
 
 
-def measure(layer: Fp8Linear, sizes: Sequence[int], fed: bool = False) -> list[Timing]:
+def measure(
+    layer: Fp8Linear, sizes: Sequence[int], fed: bool = False, activated: bool = False
+) -> list[Timing]:
     """(rows, the model dtype's seconds, FP8's seconds) of the layer at each size, on its device; `fed`:
-    its FP8 input comes quantized (by its producer, whose pass runs in either dtype)."""
+    its FP8 input comes quantized (by its producer, whose pass runs in either dtype); `activated`: its FP8
+    path ends in the kernel that activates and quantizes its output for the next projection (which the
+    model dtype's path leaves to that projection)."""
     weight = layer.linear.weight
     saved = layer.min_rows, layer.quantize_output_from
-    layer.min_rows, layer.quantize_output_from = 0, NEVER  # the FP8 path, its activation unfused
+    layer.min_rows, layer.quantize_output_from = 0, 0 if activated else NEVER
     try:
         timings = []
         for rows in sizes:

@@ -82,6 +82,9 @@ class Backbone(nn.Module):
     # those of them whose input another kernel writes in FP8 in its own pass (fuse_fp8_inputs): their FP8
     # path costs the GEMM alone (engine/layers/fp8_choice.py)
     fp8_fed: tuple[str, ...] = ()
+    # those of them whose activation hands the next FP8 projection its input in FP8 (Fp8Linear's
+    # quantize_output_from): their FP8 path is measured with that kernel, the next one's quantization
+    fp8_activated: tuple[str, ...] = ()
     # the checkpoint name of the token embedding table, which a tied LM head shares
     token_embeddings: ClassVar[str] = ""
     hidden_size: int
