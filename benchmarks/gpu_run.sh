@@ -9,6 +9,9 @@
 # SUITE@base runs the suite on the baseline tree in .base (made here by `bash benchmarks/make_base.sh REV`
 # and carried: `carry: [".gpu", ".base"]`), its records appended to this tree's, so that a before and after
 # come back in one results.tgz: for example `... COMMIT tests engine@base engine online@base online`.
+# .gpu/ is the shared payload script's, with the extras litestar msgspec uvicorn pyzmq httptools orjson
+# pybase64 colbert-ai FlagEmbedding (the token heads' GPU tests check against colbert-ai and FlagEmbedding:
+# without them 13 of them error), and .gpu/seed-tokenizers from `python -m benchmarks.seed_tokenizers`.
 set -u
 commit=$1
 shift
