@@ -30,8 +30,7 @@ def choose_fp8_rows(backbone: nn.Module, max_rows: int) -> dict[str, tuple[float
     (its sizes, activation, bias, whether a producer writes its input in FP8: the backbone's `fp8_fed`,
     whose FP8 path is the GEMM alone, and whether it writes the next one's: `fp8_activated`); returns
     (min_rows, FP8's speedup at max_rows) by shape ("768x3072 gelu +bias": (2048.0, 1.21))."""
-    chosen: dict[str, float] = {}
-    speedups: dict[str, float] = {}
+    chosen: dict[str, tuple[float, float]] = {}
     sizes = row_sizes(max_rows)
     fed_names = getattr(backbone, "fp8_fed", ())
     activated_names = getattr(backbone, "fp8_activated", ())
@@ -43,10 +42,10 @@ def choose_fp8_rows(backbone: nn.Module, max_rows: int) -> dict[str, tuple[float
             shape = shape_of(layer, fed, activated)
             if shape not in chosen:
                 timings = measure(layer, sizes, fed, activated)
-                chosen[shape] = pays_from(timings)
-                speedups[shape] = timings[-1][1] / timings[-1][2]
-            layer.min_rows = chosen[shape]
-    return {shape: (rows, speedups[shape]) for shape, rows in chosen.items()}
+                _, plain, fp8 = timings[-1]
+                chosen[shape] = pays_from(timings), plain / fp8
+            layer.min_rows = chosen[shape][0]
+    return chosen
 
 
 def shape_of(layer: Fp8Linear, fed: bool = False, activated: bool = False) -> str:
