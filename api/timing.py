@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from litestar.types import Scope
 
+from engine.service_rate import recovered
+
 # the scope's state key of a request's RequestTimes, set when it arrives
 TIMES = "posy_times"
 STAGES = ("tokenization", "queue", "inference")
@@ -18,7 +20,6 @@ TIMING_NAMES = {stage: f"{stage};dur=".encode() for stage in ("total", *STAGES)}
 NUM_ANSWERS = 64
 ANSWER_QUANTILE = 0.95
 RANK_EVERY = 8
-RECOVERY_HALF_LIFE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -96,8 +97,8 @@ class AnswerTime:
     answered requests: a loop busy with a flood of clients resumed a request a second after its rows
     came, past --request-timeout. Admission gives the engine the time left less ANSWER_QUANTILE of it
     (reserve_s), so that work admitted in time is answered in time. As the latest answer ages the reserve
-    halves every RECOVERY_HALF_LIFE_S: a flood's slow answers do not shorten every request's time once
-    it is over, with no answers coming to say so. One per gateway process."""
+    recovers toward none (engine/service_rate.py's `recovered`): a flood's slow answers do not shorten every
+    request's time once it is over, with no answers coming to say so. One per gateway process."""
 
     __slots__ = ("_recent", "_count", "_ranked_s", "_latest_at")
 
@@ -119,5 +120,4 @@ class AnswerTime:
         """The reserve at `now` (time.perf_counter(); by default now)."""
         if not self._ranked_s:
             return 0.0
-        age = max(0.0, (time.perf_counter() if now is None else now) - self._latest_at)
-        return self._ranked_s * 0.5 ** (age / RECOVERY_HALF_LIFE_S)
+        return recovered(self._ranked_s, 0.0, (time.perf_counter() if now is None else now) - self._latest_at)

@@ -40,6 +40,11 @@ RATE_SAMPLE = " ".join(
 # how fast the tokens-per-character estimate (from which admission guesses a large input's tokens before
 # tokenizing it) follows the inputs: this weight for each new request's ratio
 TOKENS_PER_CHAR_WEIGHT = 0.1
+# of the measured tokens a character, what a refusal before tokenizing (guessed_tokens) counts an input at:
+# under a flood the queue stays full to within a request, and a guess much below the average lets most
+# requests through to be tokenized and then refused; one above it refuses a little early what would have
+# just fit, as a 429 (admission's "not now")
+GUESS_SHARE = 0.9
 
 
 class TextEncoder:
@@ -95,6 +100,11 @@ class TextEncoder:
     def tokens_per_char(self) -> float:
         return self._tokens_per_char[0]
 
+    def guessed_tokens(self, num_chars: int) -> int:
+        """A guess of the tokens in `num_chars` characters (GUESS_SHARE of the measured average), for a
+        refusal before tokenizing them."""
+        return max(1, int(GUESS_SHARE * self.tokens_per_char * num_chars))
+
     def _chat_layout(self, system: str | None) -> SingleTemplate:
         layout = self.input_layout
         return SingleTemplate.from_chat(
@@ -140,6 +150,8 @@ class TextEncoder:
         room = self._room(max_tokens)
         texts = self.bounded(texts, room, truncate, keep_end)
         num_chars = sum(map(len, texts))
+        if admission is not None:
+            admission.refuse_if_behind(self.guessed_tokens(num_chars))
         if num_chars > INLINE_TOKENIZE_CHARS:
             return await self._split(
                 lambda part, first: self.encode(part, max_tokens, truncate, keep_end, first),
@@ -158,6 +170,8 @@ class TextEncoder:
     ) -> list[list[int]]:
         """content_ids(), likewise; `max_tokens`: the most tokens of a text that the engine will run."""
         num_chars = sum(map(len, texts))
+        if admission is not None:
+            admission.refuse_if_behind(self.guessed_tokens(num_chars))
         if num_chars > INLINE_TOKENIZE_CHARS:
             return await self._split(
                 lambda part, first: self.content_ids(part), texts, num_chars, admission, max_tokens

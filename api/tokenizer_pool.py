@@ -16,14 +16,12 @@ from typing import Protocol, TypeVar
 
 from api.decode_turns import GatewayTurns
 from engine.errors import BehindDeadline, EngineError, NeverInTime
-from engine.service_rate import MovingRate
+from engine.service_rate import RECOVERY_HALF_LIFE_S, MovingRate
 
 T = TypeVar("T")
-NUM_PARTS = 64  # the moving window of measured parts
-# a rate slower than the start-up's sample (taken while the threads were idle; an image pool's: its
-# fastest part) halves its excess every this many seconds without a new part (MovingRate): parts measured
-# on a busy host do not refuse, for ever, the work that the quiet host does in time
-RECOVERY_HALF_LIFE_S = 2.0
+NUM_PARTS = 64  # the moving window of measured parts; a rate slower than the start-up's sample (taken
+# while the threads were idle; an image pool's: its fastest part) recovers toward it (MovingRate): parts
+# measured on a busy host do not refuse, for ever, the work that the quiet host does in time
 
 
 class TokenizingNeverInTime(NeverInTime):
@@ -68,13 +66,16 @@ class StartBy:
 
 
 class TokenizeAdmission(Protocol):
-    """Who admits a large input's tokenization (a request's RequestGuard): given how long it takes behind
-    what is queued (`tokenize_s`) and alone (`own_s`), None before the threads have measured, and the
-    tokens it should give, it refuses (raises) or says by when its parts must start (None: any time)."""
+    """Who admits an input's tokenization (a request's RequestGuard): given how long it takes behind what is
+    queued (`tokenize_s`) and alone (`own_s`), None before the threads have measured, and the tokens it
+    should give, it refuses (raises) or says by when its parts must start (None: any time)."""
 
     def admit_tokenization(
         self, tokenize_s: float | None, own_s: float | None, num_tokens: int
     ) -> StartBy | None: ...
+
+    def refuse_if_behind(self, num_tokens: int) -> None:
+        """Refuse (raise) now where the engine would refuse `num_tokens` of work, before any tokenization."""
 
 
 class TokenizerPool:

@@ -37,6 +37,21 @@ PROBE_AFTER_S = 1.0
 # a probe this many times faster or slower than the batches' rate replaces them (they measured another
 # host than the one now); within it, it is one more observation
 PROBE_TOLERANCE = 1.25
+# a rate slower than the quiet host's (the fastest yet measured) halves its excess every this many seconds
+# without a new observation: a probe taken during a flood agrees with the flood's batches, so no later
+# probe comes, and work it judged too slow is never admitted to measure the quiet host again (a request
+# that ran in 1.5 s before a flood was refused with a 400 for good after it)
+RECOVERY_HALF_LIFE_S = 2.0
+
+
+def recovered(
+    value: float, reference: float | None, age_s: float, half_life_s: float = RECOVERY_HALF_LIFE_S
+) -> float:
+    """`value` (seconds a unit) pulled toward `reference`: its excess over it halves every `half_life_s` of
+    `age_s` (the time since the latest observation)."""
+    if reference is None or value <= reference:
+        return value
+    return reference + (value - reference) * 0.5 ** (max(0.0, age_s) / half_life_s)
 
 
 class MovingRate:
@@ -44,8 +59,9 @@ class MovingRate:
     over their summed units. With a `half_life_s`, a rate slower than its reference (what the work takes
     on a quiet host: one measured so, or else the fastest observation yet) is pulled back toward it as its
     latest observation ages: its excess halves every half_life_s without a new one, so that a rate taken
-    on a busy host does not outlive the busy spell when no traffic comes to measure it again. Its owner
-    serializes `add`; a read takes one tuple, never half an update."""
+    on a busy host does not outlive the busy spell when no traffic comes to measure it again; a new
+    observation keeps what the earlier ones recovered. Its owner serializes `add`; a read takes one
+    tuple, never half an update."""
 
     def __init__(self, window: int, half_life_s: float | None = None):
         self._observations: deque[tuple[int, float]] = deque(maxlen=window)
@@ -56,15 +72,32 @@ class MovingRate:
         self.latest_at = 0.0  # time.perf_counter() of the latest observation
 
     def add(self, units: int, seconds: float, at: float | None = None) -> None:
+        at = time.perf_counter() if at is None else at
+        if self.half_life_s is not None:
+            self._keep_recovery(at)
         total_units, total_seconds = self._totals
         if len(self._observations) == self._observations.maxlen:
             old_units, old_seconds = self._observations[0]
             total_units, total_seconds = total_units - old_units, total_seconds - old_seconds
         self._observations.append((units, seconds))
         self._totals = (total_units + units, total_seconds + seconds)
-        self.latest_at = time.perf_counter() if at is None else at
+        self.latest_at = at
         if units and (self._fastest is None or seconds / units < self._fastest):
             self._fastest = seconds / units
+
+    def _keep_recovery(self, at: float) -> None:
+        """Each observation as recovered by `at` (an add's time): one new observation on the quiet host
+        must not bring back the busy spell's that had recovered before it (per add, not per read)."""
+        reference, age = self.reference, at - self.latest_at
+        if reference is None or age <= 0 or self.measured is None or self.measured <= reference:
+            return
+        half_life_s = self.half_life_s
+        kept = [
+            (units, recovered(seconds / units, reference, age, half_life_s) * units if units else seconds)
+            for units, seconds in self._observations
+        ]
+        self._observations = deque(kept, maxlen=self._observations.maxlen)
+        self._totals = (sum(units for units, _ in self._observations), sum(s for _, s in self._observations))
 
     def restart(self, units: int, seconds: float, at: float | None = None) -> None:
         """The window holds this observation only (the earlier ones measured another host)."""
@@ -87,22 +120,22 @@ class MovingRate:
         measured, reference = self.measured, self.reference
         if measured is None:
             return reference
-        if reference is None or self.half_life_s is None or measured <= reference:
+        if self.half_life_s is None:
             return measured
-        age = max(0.0, time.perf_counter() - self.latest_at)
-        return reference + (measured - reference) * 0.5 ** (age / self.half_life_s)
+        return recovered(measured, reference, time.perf_counter() - self.latest_at, self.half_life_s)
 
 
 class ServiceRate:
     """Seconds per token over the last NUM_BATCHES measured batches, each batch's time being how long the
     engine was busy with it: from its launch, or from the previous batch's end where batches overlap,
     to its rows being back; and the idle engine's probes (probe_due, observe_probe). None until a batch
-    large enough to measure (or a probe) has run."""
+    large enough to measure (or a probe) has run. Each rate it gives recovers toward the quiet host's
+    (`quiet_seconds_per_token`) as its latest observation ages (`recovered`)."""
 
     def __init__(self, max_batch_tokens: int):
         self.max_batch_tokens = max_batch_tokens
         self._min_tokens = max(1, int(max_batch_tokens * MIN_BATCH_SHARE))
-        self._batches = MovingRate(NUM_BATCHES)
+        self._batches = MovingRate(NUM_BATCHES, RECOVERY_HALF_LIFE_S)
         self._last_batch_s = 0.0
         self._overruns: deque[float] = deque(maxlen=NUM_REQUESTS)
         self.margin = MAX_MARGIN  # what admission multiplies an estimate by (set by the engine's thread)
@@ -113,6 +146,7 @@ class ServiceRate:
         self._busy_for: float | None = None  # how long it is expected to take; None: as the latest batch
         self.num_probes = 0
         self._idle: float | None = None  # seconds a token of the latest probe
+        self._idle_at = 0.0  # and when it ran (time.perf_counter())
         self._latest: float | None = None  # ... of the latest measured batch or probe
 
     @property
@@ -156,6 +190,7 @@ class ServiceRate:
                 self._batches.add(num_tokens, seconds)
             self._last_batch_s = seconds
             self._idle = self._latest = seconds / num_tokens
+            self._idle_at = time.perf_counter()
             self.num_probes += 1
         return changed
 
@@ -179,18 +214,30 @@ class ServiceRate:
         return self._batches.seconds_per_unit
 
     @property
+    def quiet_seconds_per_token(self) -> float | None:
+        """What the quiet host takes a token: the fastest batch or probe yet."""
+        return self._batches.reference
+
+    def _recovered(self, value: float, at: float) -> float:
+        """`value`, observed at `at`, as recovered since (a batch on the quiet host does not make a probe
+        taken in a flood new again)."""
+        return recovered(value, self.quiet_seconds_per_token, time.perf_counter() - at)
+
+    @property
     def guarded_seconds_per_token(self) -> float | None:
         """What queued work is held to its deadline on: the rate, or the latest batch's where that was slower
         (a host that slows shows in one batch, long before it moves the window's rate)."""
         rate = self.seconds_per_token
         if rate is None or self._latest is None:
             return rate
-        return max(rate, self._latest)
+        return max(rate, self._recovered(self._latest, self._batches.latest_at))
 
     @property
     def idle_seconds_per_token(self) -> float | None:
         """What an idle engine takes a token: its latest probe's rate (before any probe, the batches')."""
-        return self._idle if self._idle is not None else self.seconds_per_token
+        return (
+            self._recovered(self._idle, self._idle_at) if self._idle is not None else self.seconds_per_token
+        )
 
     def seconds_for(self, num_tokens: int) -> float | None:
         """How long `num_tokens` queued tokens take to come back: their share of the rate, plus what is

@@ -26,6 +26,7 @@ from engine.prefixes import prefix_pays, split_by_tokens, tokens_to_run
 from engine.replicas.link import ReplicaLink
 from engine.replicas.protocol import Cancel, Capabilities, Failure, Load, Result
 from engine.request import EngineOutput
+from engine.service_rate import recovered
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # a chunk is sent at most twice: its first replica, and one other if that one dies
@@ -78,6 +79,9 @@ class ReplicaPool(EngineInterface):
         self.seconds_per_token: list[float | None] = [None] * num_replicas  # each replica's measured rate
         self.margins = [1.0] * num_replicas  # and its admission's margin (ServiceRate.margin)
         self.idle_seconds_per_token: list[float | None] = [None] * num_replicas  # and its idle probes' rate
+        # and the quiet host's, toward which the other two recover as the report ages (since heard_at)
+        self.quiet_seconds_per_token: list[float | None] = [None] * num_replicas
+        self.heard_at = [0.0] * num_replicas
         self.alive = [True] * num_replicas
         self.chunks_sent = [0] * num_replicas
         self._pending: dict[int, _Chunk] = {}
@@ -119,7 +123,10 @@ class ReplicaPool(EngineInterface):
         share at its idle rate, stretched by its margin, is the estimate; None while one of them has not
         measured."""
         live = [index for index, alive in enumerate(self.alive) if alive]
-        rates = {index: self.idle_seconds_per_token[index] or self.seconds_per_token[index] for index in live}
+        rates = {
+            index: self._now(self.idle_seconds_per_token, index) or self._now(self.seconds_per_token, index)
+            for index in live
+        }
         if not live or None in rates.values():
             return None
         assigned = dict.fromkeys(live, 0)
@@ -132,8 +139,17 @@ class ReplicaPool(EngineInterface):
         )
 
     def rates(self) -> list[tuple[float | None, float]]:
-        """Each replica's, as it last reported them."""
-        return list(zip(self.seconds_per_token, self.margins))
+        """Each replica's, as it last reported them (its rate recovered since)."""
+        rates = [self._now(self.seconds_per_token, index) for index in range(len(self.endpoints))]
+        return list(zip(rates, self.margins))
+
+    def _now(self, reported: list[float | None], index: int) -> float | None:
+        """A rate that replica `index` reported, recovered toward its quiet rate since (as its own)."""
+        value = reported[index]
+        if value is None:
+            return None
+        age = time.perf_counter() - self.heard_at[index]
+        return recovered(value, self.quiet_seconds_per_token[index], age)
 
     def backlog_seconds(self, num_tokens: int) -> float | None:
         """As Engine.backlog_seconds, on the live replica that would take the work (the least loaded), at
@@ -141,10 +157,11 @@ class ReplicaPool(EngineInterface):
         it, and the queue it reported with that work's results while there is some: with none, its last
         report may be long stale (a queue drained since), and a gateway that refused on it would never
         hear otherwise; the replica judges the work itself as it comes."""
+        rates = (self._now(self.seconds_per_token, index) for index in range(len(self.endpoints)))
         estimates = [
             stretched(num_tokens * rate, (outstanding + (reported if outstanding else 0)) * rate, margin)
             for alive, rate, margin, outstanding, reported in zip(
-                self.alive, self.seconds_per_token, self.margins, self.outstanding, self.reported
+                self.alive, rates, self.margins, self.outstanding, self.reported
             )
             if alive and rate is not None
         ]
@@ -290,6 +307,8 @@ class ReplicaPool(EngineInterface):
         self.seconds_per_token[index] = message.seconds_per_token
         self.margins[index] = message.margin
         self.idle_seconds_per_token[index] = message.idle_seconds_per_token
+        self.quiet_seconds_per_token[index] = message.quiet_seconds_per_token
+        self.heard_at[index] = time.perf_counter()
         if isinstance(message, Load):
             return
         chunk = self._forget(message.id)

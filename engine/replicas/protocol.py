@@ -129,6 +129,8 @@ class Result(msgspec.Struct, tag="result", array_like=True):
     # when its rows were done (time.perf_counter()): from the gateway's send to it less inference_s is the
     # Run's queue time, the wait in the socket included
     finished_at: float = 0.0
+    # the quiet host's rate, toward which the gateway lets the other two recover as its report ages
+    quiet_seconds_per_token: float | None = None
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):
@@ -143,6 +145,7 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
     seconds_per_token: float | None = None
     margin: float = 1.0
     idle_seconds_per_token: float | None = None
+    quiet_seconds_per_token: float | None = None
 
 
 class Load(msgspec.Struct, tag="load", array_like=True):
@@ -155,6 +158,7 @@ class Load(msgspec.Struct, tag="load", array_like=True):
     seconds_per_token: float | None
     margin: float
     idle_seconds_per_token: float | None
+    quiet_seconds_per_token: float | None = None
 
 
 ToReplica = Hello | Run | Cancel | Freed

@@ -316,7 +316,7 @@ class _Connection:
                 run_id, rows.shape[0], rows.shape[1], offset, end, spill, output.queue_s, output.inference_s,
                 self.engine.queued_tokens, self.requests_read, self.engine.rate.seconds_per_token,
                 output.num_tokens, self.engine.rate.margin, self.engine.rate.idle_seconds_per_token,
-                time.perf_counter(),
+                time.perf_counter(), self.engine.rate.quiet_seconds_per_token,
             )  # fmt: skip
             self._send(result)
 
@@ -334,7 +334,7 @@ class _Connection:
         failure = Failure(
             run_id, kind, str(error), self.engine.queued_tokens, self.requests_read, retry_after,
             self.engine.rate.seconds_per_token, self.engine.rate.margin,
-            self.engine.rate.idle_seconds_per_token,
+            self.engine.rate.idle_seconds_per_token, self.engine.rate.quiet_seconds_per_token,
         )  # fmt: skip
         with self.lock:
             if self.open:
@@ -345,7 +345,7 @@ class _Connection:
         rate = self.engine.rate
         load = Load(
             self.engine.queued_tokens, self.requests_read, rate.seconds_per_token, rate.margin,
-            rate.idle_seconds_per_token,
+            rate.idle_seconds_per_token, rate.quiet_seconds_per_token,
         )  # fmt: skip
         with self.lock:
             if self.open and self.replies is not None:

@@ -17,6 +17,7 @@ from api.server import Server
 from engine.batch import pack
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.service_rate import PROBE_AFTER_S, RECOVERY_HALF_LIFE_S
 from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
@@ -160,6 +161,44 @@ def test_the_newcomers_sequence_ordinary_requests_are_answered_within_seconds_of
         assert time.monotonic() - emptied < 3.0
         for _ in range(5):
             assert client.post("/v1/embeddings", content=body(5)).status_code == 200
+    finally:
+        model.engine = served_engine
+        engine.stop()
+
+
+def test_a_probe_taken_during_a_flood_does_not_refuse_for_good_what_the_quiet_host_runs_in_time(served):
+    """The flood's lock: the idle engine's probe ran while the host was still busy, agreed with the busy
+    batches, and no later probe was due; a request that ran in 1.5 s before the flood got a 400 "on an idle
+    server" on every try after it, and nothing admitted came to measure the quiet host. Now every rate
+    recovers toward the quiet host's as its latest observation ages (RECOVERY_HALF_LIFE_S)."""
+    client, _, server = served
+    model = server.registry().models[0]
+    runner = TimedRunner(SECONDS_PER_TOKEN, 384)
+    engine = Engine(runner, CONFIG)
+    engine.probe_batch = pack([[0] * 128])
+    engine.probe()  # the quiet host, as build_engine seeds it
+    engine.start()
+    served_engine, model.engine = model.engine, engine
+    try:
+        runner.seconds_per_token = 5 * SECONDS_PER_TOKEN  # the flood's host
+        for _ in range(3):
+            assert client.post("/v1/embeddings", content=body(2)).status_code == 200
+        deadline = time.monotonic() + PROBE_AFTER_S + 2.0
+        while engine.rate.num_probes < 2:  # the idle engine probes the busy host, which agrees
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        runner.seconds_per_token = SECONDS_PER_TOKEN  # the flood is over
+        assert not engine.rate.probe_due(time.perf_counter() + 100)  # and no probe will come
+        # 2,000 tokens: 0.2 s on the quiet host (0.4 s stretched); 2 s stretched on the busy host's rate
+        response = client.post("/v1/embeddings", content=body(20))
+        assert response.status_code == 400 and "idle server" in response.text
+        quiet = time.monotonic()
+        while (response := client.post("/v1/embeddings", content=body(20))).status_code != 200:
+            assert response.status_code in (400, 429), response.text
+            assert time.monotonic() - quiet < 3 * RECOVERY_HALF_LIFE_S, response.text
+            time.sleep(0.1)
+        for _ in range(3):  # the quiet host's batches do not bring the busy spell's rate back
+            assert client.post("/v1/embeddings", content=body(20)).status_code == 200
     finally:
         model.engine = served_engine
         engine.stop()

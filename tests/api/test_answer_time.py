@@ -9,8 +9,9 @@ import pytest
 
 from api.config import ServerConfig
 from api.guard import RequestGuard
-from api.timing import ANSWER_QUANTILE, RECOVERY_HALF_LIFE_S, TIMES, AnswerTime, RequestTimes
+from api.timing import ANSWER_QUANTILE, TIMES, AnswerTime, RequestTimes
 from engine.request import EngineOutput
+from engine.service_rate import RECOVERY_HALF_LIFE_S
 
 
 def test_the_reserve_is_a_high_quantile_of_the_recent_answers():

@@ -180,6 +180,34 @@ def test_the_threads_rate_taken_on_a_busy_host_returns_to_the_idle_sample():
         pool.close()
 
 
+def test_an_input_the_engine_would_refuse_now_is_refused_before_it_is_tokenized(served, monkeypatch):
+    """Under a flood the engine's queue stays full to within a request, and every refused request was
+    tokenized first (inline, on the loop): refusals came seconds late. Now a guess of its tokens is judged
+    first; what the engine would refuse on the guess is a 429 untokenized, and what fits is tokenized."""
+    _, model = served
+    encoder = model.encoder
+    tokenized = []
+
+    def content_ids(texts):
+        tokenized.append(texts)
+        return [[7] * 5 for _ in texts]
+
+    monkeypatch.setattr(encoder, "content_ids", content_ids)
+    behind = guard_for(Backlogged(0.8))  # of the 0.9 s admission allows, 1e-3 s a token
+    texts = [("word " * 20).strip()] * 16  # about 320 tokens: 0.32 s, alone within the timeout
+    with pytest.raises(BehindDeadline) as refused:
+        asyncio.run(encoder.encode_off_loop(texts, None, True, admission=behind))
+    assert refused.value.retry_after_s >= 1 and not tokenized
+    with pytest.raises(BehindDeadline):
+        asyncio.run(encoder.content_ids_off_loop(texts, admission=behind))
+    assert not tokenized
+    assert asyncio.run(encoder.encode_off_loop(["word"], None, True, admission=behind))  # 0.8 s + a token
+    assert tokenized == [["word"]]
+    # work that would not fit an idle engine either is left to be counted and refused for good (a 400)
+    alone = [("word " * 20).strip()] * 100  # about 2,000 tokens: 2 s
+    assert len(asyncio.run(encoder.encode_off_loop(alone, None, True, admission=behind))) == 100
+
+
 @pytest.fixture(scope="module")
 def served():
     server = Server(ServerConfig(request_timeout=TIMEOUT_S, tokenizer_threads=1))

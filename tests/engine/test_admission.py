@@ -162,7 +162,7 @@ def test_admitted_work_that_the_host_slowed_is_set_aside_at_the_front_not_batche
     # the large one would now take 2.5 s of its 1 s: set aside, its tokens released; the small one runs
     assert [sequence.owner for sequence in batch] == ["small"] and scheduler.queued_tokens == 0
     [(expired, estimate, left_then)] = scheduler.take_expired()
-    assert expired is large and estimate == pytest.approx(2.5) and 0.9 < left_then <= left
+    assert expired is large and estimate == pytest.approx(2.5, rel=1e-3) and 0.9 < left_then <= left
     assert scheduler.take_expired() == []
 
 
@@ -198,7 +198,7 @@ def test_a_batch_stops_growing_where_it_would_come_back_past_a_deadline_in_it():
         rate.observe(4000, 0.64)  # the host slowed the engine: 0.16 ms a token, 0.4 s behind first
     assert [sequence.owner for sequence in scheduler.next_batch(timeout=0)] == ["first"]
     [(expired, estimate, _)] = scheduler.take_expired()
-    assert expired is short and estimate == pytest.approx(0.4)
+    assert expired is short and estimate == pytest.approx(0.4, rel=1e-3)
 
 
 def test_the_engine_refuses_what_it_set_aside_at_once_and_never_runs_it():
@@ -242,7 +242,7 @@ def test_a_begun_request_that_the_host_slowed_is_set_aside_between_its_batches()
         rate.observe(1000, 0.5)  # then the host slows the engine five times: 1.5 s for the rest
     assert scheduler.next_batch(timeout=0) == [] and scheduler.queued_tokens == 0
     [(expired, estimate, left)] = scheduler.take_expired()
-    assert expired is begun and estimate == pytest.approx(1.5) and left < 1.5
+    assert expired is begun and estimate == pytest.approx(1.5, rel=1e-3) and left < 1.5
 
 
 def test_a_batch_takes_at_most_its_share_of_the_time_its_earliest_deadline_leaves():

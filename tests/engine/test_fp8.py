@@ -130,8 +130,8 @@ def test_producers_hand_the_projections_their_inputs_in_fp8_and_a_decoder_keeps_
     tmp_path, minilm_path
 ):
     """BERT: the attention's LayerNorm writes the up projection's input and the GELU the down's; its FP8
-    vectors keep a cosine of 0.99 to float32's. A Qwen3 (random weights, norms and biases too), whose MLP alone runs in FP8: the MLP's pre-norm and the
-    gated product, not attention's pre-norm; likewise 0.99."""
+    vectors keep a cosine of 0.99 to float32's. A Qwen3 (random weights, norms and biases too), whose MLP
+    alone runs in FP8: the MLP's pre-norm and the gated product, not attention's pre-norm; likewise 0.99."""
     from engine.attention import select_backend
     from engine.batch import pack
     from engine.checkpoint.resolve import resolve_model

@@ -19,6 +19,7 @@ from engine.replicas import link as replica_link
 from engine.replicas.pool import ReplicaOverloaded, ReplicaPool
 from engine.replicas.protocol import Capabilities
 from engine.replicas.replica import serve
+from engine.service_rate import RECOVERY_HALF_LIFE_S
 
 
 class StandInEngine:
@@ -40,7 +41,10 @@ class StandInEngine:
         self.queued_tokens = queued if queued is not None else 10**6 if full else 0
         # what a replica reports of its ServiceRate
         self.rate = types.SimpleNamespace(
-            seconds_per_token=seconds_per_token, idle_seconds_per_token=seconds_per_token, margin=1.0
+            seconds_per_token=seconds_per_token,
+            idle_seconds_per_token=seconds_per_token,
+            margin=1.0,
+            quiet_seconds_per_token=seconds_per_token,
         )
         self.received: list[tuple[list[list[int]], float | None]] = []
         self.prefixes: list[list[int]] = []
@@ -311,6 +315,20 @@ def test_the_backlog_is_the_least_loaded_live_replicas_at_its_rate():
     assert pool.backlog_seconds(100) == pytest.approx(min(1100 * 1e-3, 250 * 2e-3))
     pool.alive[1] = False
     assert pool.backlog_seconds(100) == pytest.approx(1100 * 1e-3)
+
+
+def test_a_replicas_reported_rates_recover_toward_its_quiet_rate_as_the_report_ages():
+    """A gateway hears a replica's rates only with its answers: after a flood it would hold the flood's rates
+    for ever, refusing what the replica itself (whose rates recover) would admit."""
+    pool = ReplicaPool(["unused-0.sock"], chunk_tokens=10_000, max_sequence_tokens=100)
+    pool.seconds_per_token, pool.idle_seconds_per_token = [5e-4], [5e-4]
+    pool.quiet_seconds_per_token, pool.heard_at = [1e-4], [time.perf_counter()]
+    assert pool.backlog_seconds(1000) == pytest.approx(0.5, rel=1e-3)
+    assert pool.estimate_seconds(1000) == pytest.approx(0.5, rel=1e-3)
+    pool.heard_at = [time.perf_counter() - 10 * RECOVERY_HALF_LIFE_S]
+    assert pool.backlog_seconds(1000) == pytest.approx(0.1, rel=0.01)
+    assert pool.estimate_seconds(1000) == pytest.approx(0.1, rel=0.01)
+    assert pool.rates()[0][0] == pytest.approx(1e-4, rel=0.01)
 
 
 def test_a_replicas_report_counts_only_while_this_gateway_has_work_on_it():

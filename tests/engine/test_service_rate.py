@@ -12,7 +12,13 @@ import pytest
 from engine.batch import pack
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.service_rate import PROBE_AFTER_S, PROBE_TOLERANCE, MovingRate, ServiceRate
+from engine.service_rate import (
+    PROBE_AFTER_S,
+    PROBE_TOLERANCE,
+    RECOVERY_HALF_LIFE_S,
+    MovingRate,
+    ServiceRate,
+)
 from tests.conftest import TimedRunner
 
 SECONDS_PER_TOKEN = 1e-4
@@ -45,7 +51,7 @@ def test_a_probe_comes_where_batches_measured_a_slower_engine_once_they_age_and_
     assert not rate.probe_due(measured + PROBE_AFTER_S / 2)
     assert rate.probe_due(measured + PROBE_AFTER_S)
     rate.observe_probe(125, 125 * 5e-4)  # the host is still busy: the probe agrees, and joins the batches
-    assert rate.idle_seconds_per_token == pytest.approx(5e-4)
+    assert rate.idle_seconds_per_token == pytest.approx(5e-4, rel=1e-3)  # (recovering from now on)
     assert not rate.probe_due(time.perf_counter() + 100)
     assert rate.num_probes == 2
 
@@ -106,6 +112,28 @@ def test_queued_work_is_held_to_its_deadline_on_the_latest_batch_where_it_was_sl
         rate.observe(1000, 0.1)
     rate.observe(1000, 0.4)  # the host just slowed: one batch of 32 in the window
     assert rate.seconds_per_token == pytest.approx((31 * 0.1 + 0.4) / 32000)
-    assert rate.guarded_seconds_per_token == pytest.approx(4e-4)
+    assert rate.guarded_seconds_per_token == pytest.approx(4e-4, rel=1e-3)
     rate.observe(1000, 0.1)
     assert rate.guarded_seconds_per_token == pytest.approx(rate.seconds_per_token)
+
+
+def test_a_probe_taken_during_a_flood_recovers_and_a_quiet_batch_does_not_bring_the_flood_back():
+    """The flood's lock: the idle engine probed while the flood still had the host; the probe agreed with the
+    flood's batches, so no later probe came, and the rates it left refused for good work the quiet host
+    runs in time. Every rate recovers toward the quiet host's (the fastest measure yet) as its own latest
+    observation ages, and keeps that recovery when a new batch comes."""
+    rate = ServiceRate(max_batch_tokens=1000)
+    rate.observe_probe(125, 125 * 1e-4)  # start-up, on the quiet host
+    for _ in range(32):
+        rate.observe(1000, 0.5)  # the flood: five times slower
+    rate.observe_probe(125, 125 * 5e-4)  # an idle moment in the flood: the probe agrees
+    assert not rate.probe_due(time.perf_counter() + 100)
+    assert rate.quiet_seconds_per_token == pytest.approx(1e-4)
+    later = 10 * RECOVERY_HALF_LIFE_S
+    rate._batches.latest_at -= later
+    rate._idle_at -= later
+    for recovered in (rate.seconds_per_token, rate.idle_seconds_per_token, rate.guarded_seconds_per_token):
+        assert recovered == pytest.approx(1e-4, rel=0.01)
+    rate.observe(1000, 0.1)  # the quiet host's first batch after it
+    assert rate.seconds_per_token == pytest.approx(1e-4, rel=0.01)
+    assert rate.guarded_seconds_per_token == pytest.approx(1e-4, rel=0.01)
