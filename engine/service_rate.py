@@ -59,9 +59,9 @@ class MovingRate:
     over their summed units. With a `half_life_s`, a rate slower than its reference (what the work takes
     on a quiet host: one measured so, or else the fastest observation yet) is pulled back toward it as its
     latest observation ages: its excess halves every half_life_s without a new one, so that a rate taken
-    on a busy host does not outlive the busy spell when no traffic comes to measure it again; a new
-    observation keeps what the earlier ones recovered. Its owner serializes `add`; a read takes one
-    tuple, never half an update."""
+    on a busy host does not outlive the busy spell when no traffic comes to measure it again. Without one,
+    its owner may fold a recovery in (`recover`). Its owner serializes `add`; a read takes one tuple,
+    never half an update."""
 
     def __init__(self, window: int, half_life_s: float | None = None):
         self._observations: deque[tuple[int, float]] = deque(maxlen=window)
@@ -72,28 +72,24 @@ class MovingRate:
         self.latest_at = 0.0  # time.perf_counter() of the latest observation
 
     def add(self, units: int, seconds: float, at: float | None = None) -> None:
-        at = time.perf_counter() if at is None else at
-        if self.half_life_s is not None:
-            self._keep_recovery(at)
         total_units, total_seconds = self._totals
         if len(self._observations) == self._observations.maxlen:
             old_units, old_seconds = self._observations[0]
             total_units, total_seconds = total_units - old_units, total_seconds - old_seconds
         self._observations.append((units, seconds))
         self._totals = (total_units + units, total_seconds + seconds)
-        self.latest_at = at
+        self.latest_at = time.perf_counter() if at is None else at
         if units and (self._fastest is None or seconds / units < self._fastest):
             self._fastest = seconds / units
 
-    def _keep_recovery(self, at: float) -> None:
-        """Each observation as recovered by `at` (an add's time): one new observation on the quiet host
-        must not bring back the busy spell's that had recovered before it (per add, not per read)."""
-        reference, age = self.reference, at - self.latest_at
-        if reference is None or age <= 0 or self.measured is None or self.measured <= reference:
+    def recover(self, age_s: float) -> None:
+        """Each observation as recovered toward the reference over `age_s` (RECOVERY_HALF_LIFE_S), kept: a
+        new observation on the quiet host must not bring back the busy spell's before it."""
+        reference = self.reference
+        if reference is None or age_s <= 0 or self.measured is None or self.measured <= reference:
             return
-        half_life_s = self.half_life_s
         kept = [
-            (units, recovered(seconds / units, reference, age, half_life_s) * units if units else seconds)
+            (units, recovered(seconds / units, reference, age_s) * units if units else seconds)
             for units, seconds in self._observations
         ]
         self._observations = deque(kept, maxlen=self._observations.maxlen)
@@ -129,13 +125,14 @@ class ServiceRate:
     """Seconds per token over the last NUM_BATCHES measured batches, each batch's time being how long the
     engine was busy with it: from its launch, or from the previous batch's end where batches overlap,
     to its rows being back; and the idle engine's probes (probe_due, observe_probe). None until a batch
-    large enough to measure (or a probe) has run. Each rate it gives recovers toward the quiet host's
-    (`quiet_seconds_per_token`) as its latest observation ages (`recovered`)."""
+    large enough to measure (or a probe) has run. While the engine is idle, each rate it gives recovers
+    toward the quiet host's (`quiet_seconds_per_token`, by RECOVERY_HALF_LIFE_S), and the next batch's launch
+    keeps what it recovered; a busy engine's rates do not recover (its next batch measures it)."""
 
     def __init__(self, max_batch_tokens: int):
         self.max_batch_tokens = max_batch_tokens
         self._min_tokens = max(1, int(max_batch_tokens * MIN_BATCH_SHARE))
-        self._batches = MovingRate(NUM_BATCHES, RECOVERY_HALF_LIFE_S)
+        self._batches = MovingRate(NUM_BATCHES)
         self._last_batch_s = 0.0
         self._overruns: deque[float] = deque(maxlen=NUM_REQUESTS)
         self.margin = MAX_MARGIN  # what admission multiplies an estimate by (set by the engine's thread)
@@ -146,7 +143,7 @@ class ServiceRate:
         self._busy_for: float | None = None  # how long it is expected to take; None: as the latest batch
         self.num_probes = 0
         self._idle: float | None = None  # seconds a token of the latest probe
-        self._idle_at = 0.0  # and when it ran (time.perf_counter())
+        self._idle_since: float | None = None  # when the engine went idle (time.perf_counter); None: busy
         self._latest: float | None = None  # ... of the latest measured batch or probe
 
     @property
@@ -190,7 +187,6 @@ class ServiceRate:
                 self._batches.add(num_tokens, seconds)
             self._last_batch_s = seconds
             self._idle = self._latest = seconds / num_tokens
-            self._idle_at = time.perf_counter()
             self.num_probes += 1
         return changed
 
@@ -211,17 +207,20 @@ class ServiceRate:
 
     @property
     def seconds_per_token(self) -> float | None:
-        return self._batches.seconds_per_unit
+        rate = self._batches.seconds_per_unit
+        return None if rate is None else self._recovered(rate)
 
     @property
     def quiet_seconds_per_token(self) -> float | None:
         """What the quiet host takes a token: the fastest batch or probe yet."""
         return self._batches.reference
 
-    def _recovered(self, value: float, at: float) -> float:
-        """`value`, observed at `at`, as recovered since (a batch on the quiet host does not make a probe
-        taken in a flood new again)."""
-        return recovered(value, self.quiet_seconds_per_token, time.perf_counter() - at)
+    def _recovered(self, value: float) -> float:
+        """`value` as recovered over the engine's idle time so far."""
+        since = self._idle_since
+        if since is None:
+            return value
+        return recovered(value, self.quiet_seconds_per_token, time.perf_counter() - since)
 
     @property
     def guarded_seconds_per_token(self) -> float | None:
@@ -230,14 +229,12 @@ class ServiceRate:
         rate = self.seconds_per_token
         if rate is None or self._latest is None:
             return rate
-        return max(rate, self._recovered(self._latest, self._batches.latest_at))
+        return max(rate, self._recovered(self._latest))
 
     @property
     def idle_seconds_per_token(self) -> float | None:
         """What an idle engine takes a token: its latest probe's rate (before any probe, the batches')."""
-        return (
-            self._recovered(self._idle, self._idle_at) if self._idle is not None else self.seconds_per_token
-        )
+        return self._recovered(self._idle) if self._idle is not None else self.seconds_per_token
 
     def seconds_for(self, num_tokens: int) -> float | None:
         """How long `num_tokens` queued tokens take to come back: their share of the rate, plus what is
@@ -250,9 +247,23 @@ class ServiceRate:
 
     def launched(self, at: float | None, expected_s: float | None = None) -> None:
         """A batch went to the device at `at` (None: the engine is idle), expected to take `expected_s` (None:
-        as long as the latest measured batch)."""
+        as long as the latest measured batch); a launch keeps what the idle time before it recovered."""
         self._busy_for = expected_s
         self.busy_since = at
+        if at is None:
+            if self._idle_since is None:
+                self._idle_since = time.perf_counter()
+            return
+        since, self._idle_since = self._idle_since, None  # read unrecovered until the fold is done
+        if since is None or at <= since:
+            return
+        quiet = self.quiet_seconds_per_token
+        with self._lock:
+            self._batches.recover(at - since)
+            if self._idle is not None:
+                self._idle = recovered(self._idle, quiet, at - since)
+            if self._latest is not None:
+                self._latest = recovered(self._latest, quiet, at - since)
 
     def in_flight_left(self) -> float:
         """What is left of the batch on the device (0 while idle)."""

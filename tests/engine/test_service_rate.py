@@ -117,23 +117,26 @@ def test_queued_work_is_held_to_its_deadline_on_the_latest_batch_where_it_was_sl
     assert rate.guarded_seconds_per_token == pytest.approx(rate.seconds_per_token)
 
 
-def test_a_probe_taken_during_a_flood_recovers_and_a_quiet_batch_does_not_bring_the_flood_back():
+def test_a_probe_taken_during_a_flood_recovers_while_idle_and_the_next_batch_keeps_it():
     """The flood's lock: the idle engine probed while the flood still had the host; the probe agreed with the
     flood's batches, so no later probe came, and the rates it left refused for good work the quiet host
-    runs in time. Every rate recovers toward the quiet host's (the fastest measure yet) as its own latest
-    observation ages, and keeps that recovery when a new batch comes."""
+    runs in time. While the engine is idle every rate recovers toward the quiet host's (the fastest measure
+    yet), and the next batch keeps that recovery; a busy engine's rates do not recover (on 2 cores under a
+    flood, rates that recovered between slow batches admitted work that came back late: 504s)."""
     rate = ServiceRate(max_batch_tokens=1000)
     rate.observe_probe(125, 125 * 1e-4)  # start-up, on the quiet host
+    rate.launched(time.perf_counter())
     for _ in range(32):
         rate.observe(1000, 0.5)  # the flood: five times slower
     rate.observe_probe(125, 125 * 5e-4)  # an idle moment in the flood: the probe agrees
     assert not rate.probe_due(time.perf_counter() + 100)
     assert rate.quiet_seconds_per_token == pytest.approx(1e-4)
-    later = 10 * RECOVERY_HALF_LIFE_S
-    rate._batches.latest_at -= later
-    rate._idle_at -= later
+    assert rate.seconds_per_token == pytest.approx(5e-4, rel=0.01)  # busy: as measured
+    rate.launched(None)  # the flood is over: the engine idles
+    rate._idle_since -= 10 * RECOVERY_HALF_LIFE_S
     for recovered in (rate.seconds_per_token, rate.idle_seconds_per_token, rate.guarded_seconds_per_token):
         assert recovered == pytest.approx(1e-4, rel=0.01)
-    rate.observe(1000, 0.1)  # the quiet host's first batch after it
-    assert rate.seconds_per_token == pytest.approx(1e-4, rel=0.01)
-    assert rate.guarded_seconds_per_token == pytest.approx(1e-4, rel=0.01)
+    rate.launched(time.perf_counter())  # the quiet host's first batch after it
+    rate.observe(1000, 0.1)
+    for kept in (rate.seconds_per_token, rate.idle_seconds_per_token, rate.guarded_seconds_per_token):
+        assert kept == pytest.approx(1e-4, rel=0.01)
