@@ -35,14 +35,7 @@ class ModelRunner:
         if towers is not None:  # a dual encoder's texts and images: each kind through its own graph
             output = self.run_towers(batch, *towers)
         if output is None:
-            # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
-            meta = AttentionMetadata.build(
-                batch.cu_seqlens, batch.max_seqlen, batch.prefix_of, batch.num_query_only
-            )
-            meta = meta.to(self.device)
-            if self.device.type == "cuda":
-                batch = batch.pin_memory()  # so the copies below do not block the host
-            output = self.model(batch.to(self.device), meta)
+            output = self.eager(batch)
         if batch.scored_against is not None:  # after the graph: scores of sequences against their query
             output = self.model.max_sim(batch, output)
         if batch.kept_rows is not None:  # likewise: the rows the batch's sequences asked for
@@ -53,6 +46,17 @@ class ModelRunner:
         # copied on the compute stream: a later replay, which may overwrite the graph pool's outputs,
         # runs after the copy
         return LazyTensor(output.float(), self.host_buffers)
+
+    def eager(self, batch: PackedBatch) -> torch.Tensor:
+        """The model's output for the batch, run eagerly (no graph)."""
+        # metadata from the host copy of cu_seqlens: reading lengths on the device would sync it
+        meta = AttentionMetadata.build(
+            batch.cu_seqlens, batch.max_seqlen, batch.prefix_of, batch.num_query_only
+        )
+        meta = meta.to(self.device)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()  # so the copies below do not block the host
+        return self.model(batch.to(self.device), meta)
 
     def run_towers(self, batch: PackedBatch, texts: PackedBatch, images: PackedBatch) -> torch.Tensor:
         """[num_seqs, out_dim] rows of a batch of texts and images (PackedBatch.towers), each kind run as a

@@ -1,7 +1,9 @@
 """FP8 (W8A8) projections on the CPU, where torch emulates the scaled GEMM: the quantization of weights per
 output channel and of inputs per row against a dequantized float64 reference, which projections of which
-families are converted, and the refusals (a GPU without FP8, the transformers fallback, a bad name)."""
+families are converted, and the refusals (a GPU without FP8, the transformers fallback, a bad name, rows
+that drift)."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -214,3 +216,47 @@ def test_a_decoder_from_its_fp8_rows_writes_fp8_inputs_only_for_batches_that_rea
         assert torch.equal(fp8_model(small), plain(small))
         assert not torch.equal(fp8_model(large), plain(large))
         assert (fp8_model(large) * plain(large)).sum(dim=1).min() >= 0.99
+
+
+def test_fp8_whose_rows_drift_is_turned_off_at_start_up_with_its_reason(tmp_path, caplog):
+    """One scale a token cannot keep a row whose few channels are far larger than the rest: a Qwen3 whose
+    MLP input carries such a channel (which its projections do not read) loses the rest of the row in FP8.
+    The engine compares FP8's rows with the model dtype's on a probe at start-up, turns FP8 off, says why,
+    and serves the model dtype's rows; a model FP8 keeps runs in FP8."""
+    import asyncio
+    import logging
+
+    from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    def served(folder):
+        engine = build_engine(resolve_model(str(folder)), EngineConfig(device="cpu", quantization="fp8"))
+        try:
+            rows = asyncio.run(engine.run([list(range(5, 5 + n)) for n in (3, 17, 40)]))
+        finally:
+            engine.stop()
+        return engine.runner.model, rows
+
+    save_random_qwen3(tmp_path / "kept", "Qwen3Model", sentence_transformers="mean")
+    with caplog.at_level(logging.INFO, logger="engine.fp8_accuracy"):
+        kept, _ = served(tmp_path / "kept")
+    assert fp8_layers(kept.backbone) and "FP8 keeps the model's rows" in caplog.text
+    model = save_random_qwen3(tmp_path / "outliers", "Qwen3Model", sentence_transformers="mean")
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.post_attention_layernorm.weight[0] = 1e6
+            layer.mlp.gate_proj.weight[:, 0] = 0
+            layer.mlp.up_proj.weight[:, 0] = 0
+    model.save_pretrained(tmp_path / "outliers")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="engine.fp8_accuracy"):
+        turned_off, rows = served(tmp_path / "outliers")
+    assert not fp8_layers(turned_off.backbone)
+    assert "--quantization fp8 is off" in caplog.text and "least cosine" in caplog.text
+    plain_engine = build_engine(resolve_model(str(tmp_path / "outliers")), EngineConfig(device="cpu"))
+    try:
+        plain = asyncio.run(plain_engine.run([list(range(5, 5 + n)) for n in (3, 17, 40)]))
+    finally:
+        plain_engine.stop()
+    np.testing.assert_allclose(rows, plain, atol=1e-6)
