@@ -70,7 +70,10 @@ class RequestGuard:
         on two cores, floods of never-backing-off clients had their refusals answered seconds late)."""
         if self.engine_deadline is None:
             return
-        if num_tokens > 1:  # work that an idle engine would not finish in time either is run()'s (a 400)
+        if num_tokens > 1:  # work past --max-request-tokens, or that an idle engine would not finish in
+            # time either, is run()'s to refuse for good (a 400) on its counted tokens
+            if self.num_tokens_asked + num_tokens > self.max_request_tokens:
+                return
             idle_s = self.engine.estimate_seconds(num_tokens)
             if idle_s is None or not fits_alone(idle_s, self.whole_s):
                 return
