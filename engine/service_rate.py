@@ -38,9 +38,10 @@ PROBE_AFTER_S = 1.0
 # host than the one now); within it, it is one more observation
 PROBE_TOLERANCE = 1.25
 # a rate slower than the quiet host's (the fastest yet measured) halves its excess every this many seconds
-# without a new observation: a probe taken during a flood agrees with the flood's batches, so no later
-# probe comes, and work it judged too slow is never admitted to measure the quiet host again (a request
-# that ran in 1.5 s before a flood was refused with a 400 for good after it)
+# of an idle engine (ServiceRate; a MovingRate of its own: without a new observation): a probe taken during
+# a flood agrees with the flood's batches, so no later probe comes, and work it judged too slow is never
+# admitted to measure the quiet host again (a request that ran in 1.5 s before a flood was refused with a
+# 400 for good after it)
 RECOVERY_HALF_LIFE_S = 2.0
 
 
