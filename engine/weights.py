@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from engine.attention import AttentionBackend, select_backend
 from engine.checkpoint.files import read_json
@@ -33,6 +34,20 @@ WeightTargets = dict[str, WeightTarget | list[WeightTarget]]
 # what older checkpoints (TF-era BERT uploads, SPLADE's among them) call a LayerNorm's parameters, renamed
 # as transformers renames them on load; the rest of the strict check is unchanged
 LEGACY_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+# the random fills that modules' constructors run, skipped on the meta device (Unfilled)
+RANDOM_FILLS = (nn.init.normal_, nn.init.trunc_normal_, nn.init.uniform_, nn.init.kaiming_uniform_,
+                nn.init.xavier_uniform_)  # fmt: skip
+
+
+class Unfilled(TorchFunctionMode):
+    """Modules built inside (on the meta device, every parameter to come from the checkpoint) skip their
+    random fills: a meta tensor's normal_ (an nn.Embedding's) imports torch._dynamo, about 2 s of every
+    start-up."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in RANDOM_FILLS:  # the tensor, filled in place, is what each returns
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 def load_model(
@@ -58,10 +73,10 @@ def load_model(
             )
         return load_fallback(spec, device, dtype)
     spec_entry(spec).family.backbone.check_dtype(spec, dtype)
-    with torch.device("meta"):
+    with torch.device("meta"), Unfilled():
         model = build_model(spec, attention_backend)
     # every parameter is overwritten by load_weights, which fails on any it does not fill
-    model = model.to(dtype).to_empty(device=device)
+    materialize(model, dtype, device)
     started = time.perf_counter()
     tensors = {**read_checkpoint(spec.path), **spec.head.extra_tensors(spec)}
     load_weights(model, tensors)
@@ -83,6 +98,28 @@ def load_model(
             raise QuantizationUnavailable(f"model {spec.name!r}: no projection of it runs in FP8")
         settle_fp8_rows(spec, backbone, torch.device(device), fp8_min_rows, max_rows)
     return model.eval().requires_grad_(False)
+
+
+def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device | str) -> None:
+    """Each meta parameter and buffer of `model` made an uninitialized tensor on `device`, floating ones in
+    `dtype` (a tied one stays tied): nn.Module.to and to_empty would run meta tensors through torch's
+    reference ops, which import its symbolic shapes (about 0.9 s of every start-up)."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of a meta tensor -> (it, its real one)
+
+    def real(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            kind = dtype if tensor.is_floating_point() else tensor.dtype
+            empty = torch.empty(tensor.shape, dtype=kind, device=device)
+            if isinstance(tensor, nn.Parameter):
+                empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+            made[id(tensor)] = (tensor, empty)
+        return made[id(tensor)][1]
+
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is not None:
+                    tensors[name] = real(tensor)
 
 
 def settle_fp8_rows(
@@ -133,7 +170,7 @@ def check_checkpoint(spec: ModelSpec, dtype: torch.dtype) -> None:
     if spec.implementation == "transformers":
         return
     spec_entry(spec).family.backbone.check_dtype(spec, dtype)
-    with torch.device("meta"):
+    with torch.device("meta"), Unfilled():
         model = build_model(spec, select_backend("torch", "cpu"))
     dense = {name: tensor.shape for name, tensor in spec.head.extra_tensors(spec).items()}
     match_weights(model, {**checkpoint_shapes(spec.path), **dense})

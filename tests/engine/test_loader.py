@@ -1,6 +1,8 @@
 """Model resolution (bundled default, folders, hub ids) and strict weight loading."""
 
 import json
+import subprocess
+import sys
 import shutil
 
 import pytest
@@ -252,3 +254,21 @@ def test_a_missing_folder_is_named_as_a_folder_not_as_a_hub_id(given, tmp_path):
     file.write_text("{}")
     with pytest.raises(ModelNotFound, match="is a file, not a model folder"):
         resolve_model(str(file))
+
+
+def test_loading_skips_torchs_compiler_stack_and_gives_real_tensors_in_the_dtype():
+    """A start-up builds the model on the meta device: neither its modules' random fills nor its move to
+    the device may pull in torch._dynamo or the symbolic shapes (about 3 s of every start on a
+    development core), and every parameter and buffer comes out real, floating ones in the dtype."""
+    script = """
+import sys, torch
+from engine.attention import select_backend
+from engine.checkpoint.resolve import resolve_model
+from engine.weights import load_model
+model = load_model(resolve_model(None), "cpu", torch.bfloat16, select_backend("torch", "cpu"))
+tensors = [*model.parameters(), *model.buffers()]
+print(sorted(m for m in ("torch._dynamo", "torch.fx.experimental.symbolic_shapes") if m in sys.modules))
+print(all(t.device.type == "cpu" for t in tensors), {str(t.dtype) for t in tensors if t.is_floating_point()})
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True {'torch.bfloat16'}"], out.stdout + out.stderr
