@@ -201,10 +201,13 @@ def tiles() -> None:
         module.tile_config = chosen
 
 
-# (name, M, N, K): the layer GEMMs of BERT-base and Qwen3-0.6B at one 128-token text, and BERT's at 5 x 512
+# (name, M, N, K): the layer GEMMs of BERT-base, XLM-R large (BGE-M3) and Qwen3-0.6B (pplx-embed) at one
+# 128-token text, and BERT's at 5 x 512
 GEMM_SHAPES = [
     *((f"bert-{name}", 128, n, k) for name, n, k in (("qkv", 2304, 768), ("o", 768, 768), ("up", 3072, 768),
                                                      ("down", 768, 3072))),
+    *((f"xlmr-large-{name}", 128, n, k) for name, n, k in (("qkv", 3072, 1024), ("o", 1024, 1024),
+                                                           ("up", 4096, 1024), ("down", 1024, 4096))),
     *((f"qwen3-{name}", 128, n, k) for name, n, k in (("qkv", 4096, 1024), ("o", 1024, 2048),
                                                       ("gate_up", 6144, 1024), ("down", 1024, 3072))),
     *((f"bert-{name}-2560", 2560, n, k) for name, n, k in (("qkv", 2304, 768), ("down", 768, 3072))),
@@ -233,17 +236,40 @@ def _linear_kernel():
     return linear
 
 
-def gemm() -> None:
-    """The layer GEMMs at small M: cuBLAS through F.linear (torch's default library, then cuBLASLt asked
-    for), and a plain Triton tile kernel over a few tile shapes (its best), each against its weight-read
-    floor (4.8 TB/s)."""
+def _split_k_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_k(x, w, acc_out, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT: tl.constexpr):  # fmt: skip
+        # acc_out [M, N] (float32, zeroed) += x [M, K/SPLIT part] @ w [N, K/SPLIT part]^T
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        part = K // SPLIT
+        rk = tl.program_id(2) * part + tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, part, BLOCK_K):
+            a = tl.load(x + rm[:, None] * K + (k + rk)[None, :], mask=rm[:, None] < M, other=0.0)
+            t = tl.load(w + rn[None, :] * K + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
+            acc = tl.dot(a, t, acc)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        tl.atomic_add(acc_out + rm[:, None] * N + rn[None, :], acc, mask=mask, sem="relaxed")
+
+    return split_k
+
+
+def gemm(prefixes: tuple[str, ...] = ("",)) -> None:
+    """The layer GEMMs at small M (those whose names start with one of `prefixes`): cuBLAS through F.linear
+    (torch's default library, then cuBLASLt asked for), a plain Triton tile kernel over a few tile shapes
+    and a split-K one (their best), each against its weight-read floor (4.8 TB/s)."""
     import torch
     import torch.nn.functional as F
 
     kernel = _linear_kernel()
     configs = [(bm, bn, bk, warps, stages) for bm in (64, 128) for bn in (16, 32, 64) for bk in (64, 128)
-               for warps in (4,) for stages in (3, 4)]  # fmt: skip
-    for name, m, n, k in GEMM_SHAPES:
+               for warps in (4,) for stages in (3,)]  # fmt: skip
+    for name, m, n, k in (shape for shape in GEMM_SHAPES if shape[0].startswith(prefixes)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -270,6 +296,31 @@ def gemm() -> None:
             if us < best:
                 best, best_config, error = us, (bm, bn, bk, stages), relative_error(out, want)
         row[f"triton {best_config}"] = best
+        # split-K: more programs stream the weight at once; a zeroed float32 sum, then the cast and bias
+        split_k = _split_k_kernel()
+        total = torch.empty(m, n, device="cuda", dtype=torch.float32)
+        best, best_config = float("inf"), None
+        for bm, bn, bk, split, stages in [
+            (bm, bn, bk, split, 3) for bm in (64, 128) for bn in (32, 64) for bk in (64, 128)
+            for split in (2, 4, 8) if k % (split * bk) == 0
+        ]:  # fmt: skip
+            launch = split_k[(-(-n // bn), -(-m // bm), split)]
+
+            def run(launch=launch, bm=bm, bn=bn, bk=bk, split=split, stages=stages):
+                total.zero_()
+                launch(x, w, total, m, n, k, bm, bn, bk, split, num_warps=4, num_stages=stages)
+                torch.add(total, b, out=out)
+
+            try:
+                run()
+                us = microseconds(run)
+            except Exception as failure:
+                print(f"{name}: split-K {bm}x{bn}x{bk}/{split} failed: {type(failure).__name__}", flush=True)
+                continue
+            if us < best:
+                best, best_config, error_k = us, (bm, bn, bk, split, stages), relative_error(out, want)
+        if best_config is not None:
+            row[f"split-K {best_config} (error {error_k:.0e})"] = best
         values = ", ".join(f"{label} {us:.1f}" for label, us in row.items())
         print(f"{name} ({m}x{n}x{k}): {values} us (triton error {error:.0e})", flush=True)
 
@@ -337,7 +388,8 @@ def prefixes() -> None:
 def main(argv: list[str]) -> None:
     parts = {"attention": attention, "host": host, "tiles": tiles, "gemm": gemm, "prefixes": prefixes}
     for part in argv or ["attention", "host", "tiles", "gemm"]:
-        parts[part]()
+        name, _, shapes = part.partition("=")  # gemm=xlmr-large,qwen3: the shapes whose names start so
+        parts[name](*([tuple(shapes.split(","))] if shapes else []))
 
 
 if __name__ == "__main__":
