@@ -87,7 +87,8 @@ def report(variant: str, reference, drifted) -> None:
     for index, (plain, quantized) in enumerate(zip(streams, drifted_streams)):
         cosine = F.cosine_similarity(plain, quantized, dim=-1)
         print(
-            f"  layer {index:2d} (each batch in turn): cosine min {cosine.min():.5f} mean {cosine.mean():.5f}; largest magnitude "
+            f"  layer {index:2d} (each batch in turn): cosine min {cosine.min():.5f} mean "
+            f"{cosine.mean():.5f}; largest magnitude "
             f"{plain.abs().max():.1f}, rms {plain.pow(2).mean().sqrt():.2f}"
         )
 

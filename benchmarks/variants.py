@@ -304,11 +304,14 @@ def gemm(prefixes: tuple[str, ...] = ("",)) -> None:
             (bm, bn, bk, split, 3) for bm in (64, 128) for bn in (32, 64) for bk in (64, 128)
             for split in (2, 4, 8) if k % (split * bk) == 0
         ]:  # fmt: skip
-            launch = split_k[(-(-n // bn), -(-m // bm), split)]
+            launch = functools.partial(
+                split_k[(-(-n // bn), -(-m // bm), split)], x, w, total, m, n, k, bm, bn, bk, split,
+                num_warps=4, num_stages=stages,
+            )  # fmt: skip
 
-            def run(launch=launch, bm=bm, bn=bn, bk=bk, split=split, stages=stages):
+            def run(launch=launch, total=total, b=b, out=out):
                 total.zero_()
-                launch(x, w, total, m, n, k, bm, bn, bk, split, num_warps=4, num_stages=stages)
+                launch()
                 torch.add(total, b, out=out)
 
             try:

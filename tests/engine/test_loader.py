@@ -1,9 +1,9 @@
 """Model resolution (bundled default, folders, hub ids) and strict weight loading."""
 
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 
 import pytest
 import torch
@@ -270,5 +270,7 @@ tensors = [*model.parameters(), *model.buffers()]
 print(sorted(m for m in ("torch._dynamo", "torch.fx.experimental.symbolic_shapes") if m in sys.modules))
 print(all(t.device.type == "cpu" for t in tensors), {str(t.dtype) for t in tensors if t.is_floating_point()})
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.split("\n")[:2] == ["[]", "True {'torch.bfloat16'}"], out.stdout + out.stderr
