@@ -37,6 +37,12 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
     raise AssertionError("the server did not become ready")
 
 
+def batches_run(url: str) -> float:
+    """Engine batches the server has run, over every gateway and replica (its /metrics)."""
+    lines = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("posy_batch_tokens_count"))
+
+
 @pytest.mark.parametrize(
     "flags",
     [("--engine-process", "off"), ("--api-workers", "2", "--replicas", "2")],
@@ -61,9 +67,15 @@ def test_sigterm_drains_admitted_work_and_exits_zero(tmp_path, flags):
             response = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
             admitted["status"], admitted["body"] = response.status_code, response.json()
 
+        batches_before = batches_run(url)
         sender = threading.Thread(target=send)
         sender.start()
-        time.sleep(1.0)  # admitted and queued: about 39k tokens take the CPU engine 5 to 7 s on 2 cores
+        # admitted once the engine has run a batch of it: about 39k tokens take the CPU engine 5 to 7 s on 2
+        # cores, in about ten batches (a fixed second was not always enough for a loaded host's gateway)
+        deadline = time.monotonic() + 30
+        while batches_run(url) == batches_before and "status" not in admitted:
+            assert time.monotonic() < deadline, "the engine ran no batch of the admitted request"
+            time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert "status" not in admitted, "the admitted request must still run when the signal comes"
