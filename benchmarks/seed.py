@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.baseline import Baseline, min_cosine
-from benchmarks.load import LoadResult, run_clients
+from benchmarks.load import STAGE_HEADERS, LoadResult, run_clients
 from benchmarks.records import Record, RunContext, SuiteOutcome
 from benchmarks.seed_models import BY_NAME, SeedModel, real_shape
 from benchmarks.seed_table import PUBLISHED, TARGETS, anchor_note
@@ -279,7 +279,14 @@ class EmbedderSide:
         tokens = load.num_tokens / max(1, load.num_requests * self.plan.texts_per_request)
         p50 = load.latency_ms(50)
         note = anchor_note(case, "embeddings_per_s")
-        print(f"{case}: HTTP {rate:.1f} embeddings/s ({tokens:.0f} tokens a text), p50 {p50:.1f} ms{note}")
+        # where a request's time went, as the server's timing headers say (p50s)
+        stages = ", ".join(
+            f"{stage} {value:.1f}" for stage in STAGE_HEADERS if (value := load.stage_ms(stage)) is not None
+        )
+        print(
+            f"{case}: HTTP {rate:.1f} embeddings/s ({tokens:.0f} tokens a text), p50 {p50:.1f} ms "
+            f"(server: {stages} ms){note}"
+        )
 
     def http_records(self, case: str, load: LoadResult) -> None:
         p50, p99 = load.latency_ms(50), load.latency_ms(99)
