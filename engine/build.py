@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import GraphCache
 from engine.device import DTYPES
 from engine.engine import BatchObserver, Engine
-from engine.fp8_accuracy import keep_fp8_if_accurate
+from engine.fp8_accuracy import keep_fp8_if_accurate, keep_fp8_if_it_pays
 from engine.models.registry import spec_entry
 from engine.outputs import SEQUENCE
 from engine.prefixes import MIN_SAVED_TOKENS_EAGER, MIN_SAVED_TOKENS_GRAPHS
@@ -64,6 +64,8 @@ def build_engine(spec: ModelSpec, config: EngineConfig, on_batch: BatchObserver 
     runner = ModelRunner(model, device, graphs)
     if config.quantization == "fp8":  # before any graph holds FP8's kernels
         keep_fp8_if_accurate(spec.name, runner, spec.max_seq_length)
+        if device.type == "cuda" and config.fp8_min_rows is None:
+            keep_fp8_if_it_pays(spec.name, runner, config.max_batch_tokens, spec.max_seq_length)
     if graphs is not None and config.cuda_graphs == "eager-warmup":
         graphs.warm_up()
     # warm-up before the server says it is ready: on CUDA this compiles the Triton kernels (seconds,

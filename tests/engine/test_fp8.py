@@ -260,3 +260,41 @@ def test_fp8_whose_rows_drift_is_turned_off_at_start_up_with_its_reason(tmp_path
     finally:
         plain_engine.stop()
     np.testing.assert_allclose(rows, plain, atol=1e-6)
+
+
+def test_fp8_that_gains_too_little_on_a_full_batch_is_turned_off_with_its_reason(tmp_path, caplog):
+    """FP8 costs accuracy: where a full batch of the whole model is not MIN_MODEL_GAIN times faster in FP8,
+    the engine goes back to the model dtype and says why, figures included; where it is, FP8 stays."""
+    import logging
+
+    from engine.build import build_engine
+    from engine.checkpoint.resolve import resolve_model
+    from engine.fp8_accuracy import MIN_MODEL_GAIN, keep_fp8_if_it_pays
+    from tests.engine.test_qwen3_parity import save_random_qwen3
+
+    save_random_qwen3(tmp_path, "Qwen3Model", sentence_transformers="mean")
+
+    def gain_of(gain: float) -> tuple[float | None, list, object]:
+        engine = build_engine(resolve_model(str(tmp_path)), EngineConfig(device="cpu", quantization="fp8"))
+        engine.stop()
+        runner = engine.runner
+        seen = []
+
+        def seconds(runner, layers, min_rows, batch):  # FP8's rows first, then the model dtype's
+            seen.append((list(min_rows), batch.num_tokens))
+            return 1.0 if len(seen) == 1 else gain
+
+        return keep_fp8_if_it_pays("qwen3", runner, 1024, 128, seconds), seen, runner.model
+
+    with caplog.at_level(logging.INFO, logger="engine.fp8_accuracy"):
+        measured, seen, model = gain_of(MIN_MODEL_GAIN - 0.1)
+    assert measured == pytest.approx(MIN_MODEL_GAIN - 0.1)
+    assert seen[0][0] == [0] * len(seen[0][0]) and seen[1][0] == [float("inf")] * len(seen[0][0])
+    assert seen[0][1] == seen[1][1] == 1024  # a full batch: 8 sequences of the window's 128 tokens
+    assert not fp8_layers(model.backbone)
+    assert "--quantization fp8 is off" in caplog.text and f"only {MIN_MODEL_GAIN - 0.1:.2f}x" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="engine.fp8_accuracy"):
+        measured, seen, model = gain_of(MIN_MODEL_GAIN + 0.3)
+    assert fp8_layers(model.backbone) and all(layer.min_rows == 0 for layer in fp8_layers(model.backbone))
+    assert "faster than the model dtype" in caplog.text and "is off" not in caplog.text
