@@ -43,7 +43,11 @@ class LoadResult:
     latencies_s: list[float]  # successful requests: the client's wall time of the POST, body read
     num_tokens: int  # sum of their usage.prompt_tokens
     errors: list[str]  # one line per failed request: "HTTP 429: ..." or the transport error
-    wall_s: float  # from the first timed request's start to the last response
+    # the throughput window (Throughput): from a response at the timed window's start to the last one, and
+    # the successful responses within it, warm-up requests' included, and their tokens
+    wall_s: float
+    num_completed: int
+    completed_tokens: int
     stages_ms: dict[str, list[float]]  # successful requests: the server's timing headers, by stage
 
     @property
@@ -52,11 +56,11 @@ class LoadResult:
 
     @property
     def requests_per_s(self) -> float:
-        return self.num_requests / self.wall_s if self.wall_s > 0 else 0.0
+        return self.num_completed / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        return self.completed_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def latency_ms(self, percentile: float) -> float:
         return 1000 * float(np.percentile(self.latencies_s, percentile)) if self.latencies_s else 0.0
@@ -73,6 +77,8 @@ class LoadResult:
             sum(result.num_tokens for result in results),
             [error for result in results for error in result.errors],
             sum(result.wall_s for result in results),
+            sum(result.num_completed for result in results),
+            sum(result.completed_tokens for result in results),
             stages,
         )
 
@@ -128,19 +134,40 @@ def run_clients(
             if process.is_alive():
                 process.kill()
     window_start = start_at.value + warmup_s
-    latencies = [end - start for start, end, _, error, _ in samples if error is None]
-    num_tokens = sum(tokens for _, _, tokens, error, _ in samples if error is None)
-    errors = [error for _, _, _, error, _ in samples if error is not None]
-    # from the first timed request's start: a request in flight at the warm-up's end (a 100 x 4,096-token
-    # one takes seconds) would otherwise count its tail as time of the timed ones
-    first_start = min((start for start, *_ in samples), default=window_start)
-    wall_s = max((end for _, end, _, _, _ in samples), default=first_start) - first_start
+    timed = [sample for sample in samples if sample[0] >= window_start]
+    latencies = [end - start for start, end, _, error, _ in timed if error is None]
+    num_tokens = sum(tokens for _, _, tokens, error, _ in timed if error is None)
+    errors = [error for _, _, _, error, _ in timed if error is not None]
     stages: dict[str, list[float]] = {}
-    for *_, error, stage_ms in samples:
+    for *_, error, stage_ms in timed:
         for stage, value in (stage_ms or {}).items():
             if error is None:
                 stages.setdefault(stage, []).append(value)
-    return LoadResult(latencies, num_tokens, errors, wall_s, stages)
+    done = sorted((end, tokens) for _, end, tokens, error, _ in samples if error is None)
+    wall_s, num_completed, completed_tokens = throughput_window(done, window_start, timed)
+    return LoadResult(latencies, num_tokens, errors, wall_s, num_completed, completed_tokens, stages)
+
+
+def throughput_window(
+    done: list[tuple[float, int]], window_start: float, timed: list[tuple]
+) -> tuple[float, int, int]:
+    """(seconds, responses, tokens) of the throughput window: from the first response at or after the timed
+    window's start to the last response, and the responses within it, warm-up requests' included. Counting
+    only the requests started in the timed window against the time since the first of them started would
+    charge the window with the work of the warm-up's requests still in flight: with 4 clients of 100 x
+    4,096-token requests, which take seconds each, that undercounted the server's rate by a fifth or more.
+    Between two responses the server did the work of the later ones (whose clients keep the queue full).
+    With fewer than two responses in the window: the timed requests from the first one's start."""
+    ends = [end for end, _ in done]
+    first = next((index for index, end in enumerate(ends) if end >= window_start), len(ends))
+    if len(ends) - first >= 2:
+        within = done[first + 1 :]
+        return ends[-1] - ends[first], len(within), sum(tokens for _, tokens in within)
+    good = [(start, end, tokens) for start, end, tokens, error, _ in timed if error is None]
+    if not good:
+        return 0.0, 0, 0
+    first_start = min(start for start, _, _ in good)
+    return max(end for _, end, _ in good) - first_start, len(good), sum(tokens for *_, tokens in good)
 
 
 def _collect(results, processes, timeout_s: float) -> list[tuple]:
@@ -162,7 +189,7 @@ def _collect(results, processes, timeout_s: float) -> list[tuple]:
 
 def _client(url, bodies, plan, ready, go, start_at, results) -> None:
     """A client process: one connection, one request in flight; it sends (start, end, tokens, error,
-    stage milliseconds) for each request started in the timed window."""
+    stage milliseconds) for each request, the warm-up's included."""
     warmup_s, duration_s, num_requests, timeout_s, kind = plan
     usage = msgspec.json.Decoder(_Reply)
     samples = []
@@ -191,8 +218,8 @@ def _client(url, bodies, plan, ready, go, start_at, results) -> None:
             ended = time.monotonic()
             error = f"{type(failure).__name__}: {failure}"
         index += 1
-        if started >= window_start:
-            samples.append((started, ended, tokens, error, stages))
+        # the warm-up's too: their responses within the timed window count to its throughput
+        samples.append((started, ended, tokens, error, stages))
     results.put(samples)
 
 

@@ -273,7 +273,7 @@ class EmbedderSide:
         window = max(self.plan.window_s, MIN_REQUESTS_A_CLIENT * request_s)
         load = run_clients(url, bodies, duration_s=window, warmup_s=self.plan.warmup_s)
         case = f"{self.model.name}-{self.plan.texts_per_request}x{length}"
-        rate = load.num_requests * self.plan.texts_per_request / load.wall_s if load.wall_s else 0.0
+        rate = load.requests_per_s * self.plan.texts_per_request
         self.record_http(case, "embeddings_per_s", rate, "embeddings/s")
         self.record_http(case, "errors", len(load.errors), "requests")
         tokens = load.num_tokens / max(1, load.num_requests * self.plan.texts_per_request)
