@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import tokenizers
 
+from tests.serial import SerialTurns
+
 from .contract import MODEL
 
 # Haystack sends usage telemetry unless told not to: the tests reach no host but the servers they start
@@ -54,6 +56,10 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def pytest_configure(config):
+    SerialTurns.register(config)
 
 
 def free_port() -> int:

@@ -17,12 +17,18 @@ import numpy as np
 import pytest
 
 from api.bulk.output import MANIFEST, read_output
+from tests.sts import sts_test_split
 
 from .conftest import REPO_ROOT, server_env
 from .contract import MODEL
-from .corpus import JOB_TIMEOUT_S, STS_TEST, assert_rows_match, http_vectors, posy_embed, write_corpus
+from .corpus import JOB_TIMEOUT_S, assert_rows_match, http_vectors, posy_embed, write_corpus
 
-pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason=f"no STS Benchmark test split at {STS_TEST}")
+
+@pytest.fixture(scope="module", autouse=True)
+def sts_present():
+    sts_test_split()  # the corpus: fails, never skips, where a clone lacks it
+
+
 SHARD_ROWS = 200  # 10 shards of the corpus's 2,000 rows
 
 

@@ -16,6 +16,8 @@ from clients import AsyncClient, Client, InvalidRequest, Overloaded, RetryPolicy
 
 from .contract import MODEL
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 TEXTS = ["the cat sat on the mat", "a dog in the park", "stock markets fell today", "kittens play"]
 QUERY = "cats"
 

@@ -19,6 +19,8 @@ from benchmarks.gateway import children
 
 from .conftest import REPO_ROOT, free_port, server_env
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 GRACE_S = 3.0
 SHUTDOWN_TIMEOUT_S = 60.0
 CLIENTS = 8  # of each kind: keeping connections alive, and a new connection per request

@@ -24,6 +24,8 @@ import pytest
 
 from .contract import MODEL
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 TIMEOUT_S = 5.0
 NUM_CLIENTS = 64
 DURATION_S = 12.0

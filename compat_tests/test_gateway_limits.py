@@ -10,9 +10,12 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .contract import MODEL, assert_openai_error, assert_tei_error, words
+
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
 
 EMBED_ROUTE = "/v1/embeddings"
 

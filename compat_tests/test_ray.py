@@ -18,13 +18,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.bulk.ray_job import BATCH_ROWS
+from tests.sts import sts_test_split
 
 from .conftest import REPO_ROOT, free_port, server_env
 from .contract import MODEL, SAME_VECTOR, cohere_client, cosine
-from .corpus import STS_TEST, assert_rows_match, http_vectors, posy_embed, write_corpus
+from .corpus import assert_rows_match, http_vectors, posy_embed, write_corpus
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.skipif(not STS_TEST.is_file(), reason=f"no STS Benchmark test split at {STS_TEST}")
+pytestmark = pytest.mark.busy  # its Ray cluster works between its tests: never beside a serial test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sts_present():
+    sts_test_split()  # the corpus: fails, never skips, where a clone lacks it
+
+
 START_TIMEOUT_S = 240
 # two map_batches calls on the one worker, the second short: a Ray worker's engine runs on one thread
 NUM_ROWS = BATCH_ROWS + 256

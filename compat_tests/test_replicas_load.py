@@ -17,6 +17,8 @@ import pytest
 
 from benchmarks.gateway import replica_pids, rss_mib
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 LOAD_SECONDS = float(os.environ.get("POSY_LOAD_SECONDS", "6"))
 REPLICA_FLAGS = ("--replicas", "2", "--device", "cpu", "--max-batch-tokens", "2048")
 REQUEST_TIMEOUT_S = 60.0  # longer is a hang

@@ -18,6 +18,8 @@ import pytest
 from .conftest import LiveServer, ServerFactory
 from .contract import MODEL, assert_cohere_error, assert_openai_error
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 3.0
 DEADLINES = ("--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S))

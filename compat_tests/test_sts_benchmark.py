@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from scipy.stats import spearmanr
 
-from benchmarks.texts import STS_TEST, read_sts
+from benchmarks.texts import read_sts
+from tests.sts import sts_test_split
 
 from .contract import MODEL
 
@@ -16,9 +16,7 @@ BATCH_SIZE = 256
 
 
 def test_sts_benchmark_spearman(http):
-    if not STS_TEST.is_file():
-        pytest.skip(f"STS Benchmark test split not found at {STS_TEST}")
-    gold, first, second = read_sts(STS_TEST)
+    gold, first, second = read_sts(sts_test_split())
     assert len(gold) == 1379, "sts-test.csv should hold 1,379 pairs"
     sentences = first + second
     rows = []

@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.outputs import EMBED, RERANK, SEQUENCE, HeadOutput
+from tests.serial import SerialTurns
 
 # Without a GPU, posy's Triton kernels run only in tests, through Triton's interpreter on the CPU
 # (tests/engine/test_triton_interpreted.py); it must be on before Triton is first imported.
@@ -101,6 +102,10 @@ class TimedRunner:
 
         time.sleep(batch.num_tokens * self.seconds_per_token)
         return HostRows(np.full((batch.num_seqs, self.dim), self.dim**-0.5, dtype=np.float32))
+
+
+def pytest_configure(config):
+    SerialTurns.register(config)
 
 
 def pytest_collection_modifyitems(config, items):

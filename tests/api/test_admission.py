@@ -20,6 +20,8 @@ from engine.engine import Engine
 from engine.service_rate import PROBE_AFTER_S, RECOVERY_HALF_LIFE_S
 from tests.conftest import TimedRunner
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 SECONDS_PER_TOKEN = 1e-4
 TIMEOUT_S = 1.0
 CONFIG = EngineConfig(max_batch_tokens=1024, max_queue_tokens=10**6)

@@ -13,6 +13,8 @@ from api.timing import ANSWER_QUANTILE, TIMES, AnswerTime, RequestTimes
 from engine.request import EngineOutput
 from engine.service_rate import RECOVERY_HALF_LIFE_S
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 
 def test_the_reserve_is_a_high_quantile_of_the_recent_answers():
     answers = AnswerTime()

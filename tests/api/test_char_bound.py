@@ -12,6 +12,8 @@ from api.char_bound import MIN_CHARS_PER_TOKEN, CharBound
 from api.errors import InputTooLong
 from api.tokenize import TextEncoder
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 WINDOW = 64
 PROSE = "the cat sat on a mat while stocks fell and rain came down over the quiet harbour, again"
 # the input: 7M characters without a space

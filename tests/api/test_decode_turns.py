@@ -8,8 +8,12 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from api.decode_turns import DecodeTurns
 from api.tokenizer_pool import TokenizerPool
+
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
 
 SPAWN = multiprocessing.get_context("spawn")
 

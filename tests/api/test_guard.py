@@ -18,6 +18,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from tests.conftest import build_cross_encoder, embedder_output
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 MAX_REQUEST_TOKENS = 64
 BLOCKER = [7, 7]  # the token ids of the request that holds the engine's worker
 

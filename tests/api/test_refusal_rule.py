@@ -18,6 +18,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from tests.conftest import TimedRunner
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 SECONDS_PER_TOKEN = 1e-4
 TIMEOUT_S = 1.0
 TEXT = " ".join(["word"] * 98)  # 100 tokens with [CLS] and [SEP]

@@ -27,6 +27,8 @@ from engine.outputs import HeadOutput, RowRequest
 from tests.api.test_admission import post
 from tests.conftest import TimedRunner
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 TIMEOUT_S = 1.0
 SECONDS_PER_CHAR = 4e-6  # the stand-in tokenizer: 0.1 s for one of the burst's inputs, on one thread
 # 50 texts of 500 characters: past INLINE_TOKENIZE_CHARS, so on the encoder's thread

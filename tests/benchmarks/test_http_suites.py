@@ -4,6 +4,8 @@ processes, the parity gate, and every case and metric they report."""
 import argparse
 import dataclasses
 
+import pytest
+
 from benchmarks import concurrency, throughput
 
 
@@ -50,6 +52,7 @@ def test_concurrency_smoke_run_records_every_level_and_the_target_ratios():
     assert all(record.gpu is None and record.suite == "concurrency" for record in outcome.records)
 
 
+@pytest.mark.serial  # compares its HTTP latencies with its engine's: alone (tests/serial.py)
 def test_online_smoke_run_records_every_case_beside_the_engine_and_its_stage_timings(monkeypatch):
     from benchmarks import online
 

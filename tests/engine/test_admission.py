@@ -16,6 +16,8 @@ from engine.scheduler import QueuedRequest, Scheduler
 from engine.service_rate import MAX_MARGIN, MIN_CHECKED, ServiceRate
 from tests.conftest import TimedRunner
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 SECONDS_PER_TOKEN = 1e-4
 CONFIG = EngineConfig(max_batch_tokens=1000, max_queue_tokens=10**6)
 

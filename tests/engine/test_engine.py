@@ -17,6 +17,8 @@ from engine.engine import IDLE_SPIN_S, Engine
 from engine.errors import EngineError, Overloaded, SequenceTooLong
 from tests.conftest import embedder_output
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 
 class FakeResult:
     def __init__(self, rows: np.ndarray, log: list, step: int):

@@ -21,6 +21,8 @@ from engine.service_rate import (
 )
 from tests.conftest import TimedRunner
 
+pytestmark = pytest.mark.serial  # times the server or loads the host: alone (tests/serial.py)
+
 SECONDS_PER_TOKEN = 1e-4
 
 
