@@ -22,13 +22,19 @@ class ApiError(Exception):
     # TEI answers invalid input with 422
     tei_status_code = 422
     error_type = "invalid_request_error"
+    # OpenAI's error `code`: a string where OpenAI names the fault (its SDK's APIError.code), else null
+    code: str | None = None
 
-    def __init__(self, message: str, param: str | None = None, error_type: str | None = None):
+    def __init__(
+        self, message: str, param: str | None = None, error_type: str | None = None, code: str | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         if error_type is not None:
             self.error_type = error_type
+        if code is not None:
+            self.code = code
 
     def message_for(self, shape: ApiShape) -> str:
         """The message as the API that was called words it (an error that names a field names its own)."""
@@ -41,6 +47,8 @@ class InvalidInput(ApiError):
 
 class InputTooLong(InvalidInput):
     """Input `index` is too long: `figures` say how long, against which limit (of_tokens, of_characters)."""
+
+    code = "context_length_exceeded"
 
     def __init__(self, index: int, figures: str, param: str = "input"):
         self.index, self.figures = index, figures
@@ -153,6 +161,7 @@ class ClientDisconnected(ApiError):
 class ModelNotServed(ApiError):
     status_code = 404
     error_type = "not_found_error"
+    code = "model_not_found"
 
     def __init__(self, name: str, served: list[str]):
         super().__init__(f"the model '{name}' does not exist; served models: {', '.join(served)}", "model")
@@ -167,6 +176,7 @@ class TaskNotSupported(ApiError):
 class Unauthorized(ApiError):
     status_code = 401
     error_type = "authentication_error"
+    code = "invalid_api_key"
 
 
 class NotReady(ApiError):
@@ -260,7 +270,7 @@ def _status_and_error(exc: Exception, request_id: str) -> tuple[int, ApiError, d
     if isinstance(exc, Overloaded):
         return (
             429,
-            ApiError(str(exc), error_type="rate_limit_exceeded"),
+            ApiError(str(exc), error_type="rate_limit_exceeded", code="rate_limit_exceeded"),
             {"Retry-After": str(exc.retry_after_s)},
         )
     if isinstance(exc, EngineStopped):  # a replica restarting, or the server stopping: worth a retry soon
@@ -324,7 +334,7 @@ def error_parts(scope: Scope, exc: Exception) -> tuple[int, dict, dict[str, str]
                 "message": message,
                 "type": error.error_type,
                 "param": error.param,
-                "code": status,
+                "code": error.code,
             }
         }
     return status, body, headers

@@ -80,7 +80,8 @@ def assert_unauthorized(response, shape: str) -> None:
     payload = response.json()
     if shape == "openai":
         assert set(payload["error"]) == {"message", "type", "param", "code"}
-        assert payload["error"]["type"] == "authentication_error" and payload["error"]["code"] == 401
+        error = payload["error"]
+        assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
     elif shape == "cohere":
         assert list(payload) == ["message"]
     elif shape == "perplexity":

@@ -105,7 +105,8 @@ def test_full_queue_is_429_with_retry_after_in_each_shape():
         try:
             response = client.post("/v1/embeddings", json={"input": "x"})
             assert response.status_code == 429 and response.headers["retry-after"] == "2"
-            assert response.json()["error"]["type"] == "rate_limit_exceeded"
+            error = response.json()["error"]
+            assert error["type"] == error["code"] == "rate_limit_exceeded"
             assert client.post("/v2/rerank", json={"query": "q", "documents": ["d"]}).status_code == 429
             assert (
                 client.post("/rerank", json={"query": "q", "texts": ["d"]}).json()["error_type"]
