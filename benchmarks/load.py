@@ -43,8 +43,8 @@ class LoadResult:
     latencies_s: list[float]  # successful requests: the client's wall time of the POST, body read
     num_tokens: int  # sum of their usage.prompt_tokens
     errors: list[str]  # one line per failed request: "HTTP 429: ..." or the transport error
-    # the throughput window (Throughput): from a response at the timed window's start to the last one, and
-    # the successful responses within it, warm-up requests' included, and their tokens
+    # throughput_window's: from a response at the timed window's start to the last one, and the successful
+    # responses within it, warm-up requests' included, and their tokens
     wall_s: float
     num_completed: int
     completed_tokens: int

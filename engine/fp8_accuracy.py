@@ -47,9 +47,7 @@ def keep_fp8_if_accurate(name: str, runner: ModelRunner, window: int) -> float |
         fp8 = rows_with(runner, layers, [0.0] * len(layers), batch)
         plain = rows_with(runner, layers, [float("inf")] * len(layers), batch)
     finally:
-        for layer, rows in zip(layers, chosen):
-            layer.min_rows = rows
-        backbone.fuse_fp8_inputs()
+        use_rows(runner, layers, chosen)
     if plain.shape[-1] < 2:
         logger.info("%s: FP8's accuracy is not checked at start-up (rows of one score)", name)
         return None
@@ -78,23 +76,15 @@ def keep_fp8_if_it_pays(
     if not layers:
         return None
     length = min(GAIN_SEQUENCE_TOKENS, window)
-    generator = torch.Generator().manual_seed(1)
-    vocabulary = largest_vocabulary(backbone)
-    batch = pack(
-        [
-            torch.randint(0, vocabulary, (length,), generator=generator).tolist()
-            for _ in range(max(1, max_batch_tokens // length))
-        ]
-    )
+    lengths = [length] * max(1, max_batch_tokens // length)
+    batch = pack(random_sequences(largest_vocabulary(backbone), lengths, seed=1))
     seconds = seconds or gpu_step_seconds
     chosen = [layer.min_rows for layer in layers]
     try:
         fp8_s = seconds(runner, layers, chosen, batch)
         plain_s = seconds(runner, layers, [float("inf")] * len(layers), batch)
     finally:
-        for layer, rows in zip(layers, chosen):
-            layer.min_rows = rows
-        backbone.fuse_fp8_inputs()
+        use_rows(runner, layers, chosen)
     gain = plain_s / fp8_s
     tokens = batch.num_tokens
     if gain < MIN_MODEL_GAIN:
@@ -120,9 +110,7 @@ StepSeconds = Callable[[ModelRunner, list, list[float], PackedBatch], float]
 
 def gpu_step_seconds(runner: ModelRunner, layers, min_rows: list[float], batch: PackedBatch) -> float:
     """The GPU time of an eager run of `batch` with these min_rows: the least of GAIN_REPEATS, after one."""
-    for layer, rows in zip(layers, min_rows):
-        layer.min_rows = rows
-    runner.model.backbone.fuse_fp8_inputs()
+    use_rows(runner, layers, min_rows)
     times = []
     with torch.inference_mode():
         runner.eager(batch)
@@ -136,10 +124,15 @@ def gpu_step_seconds(runner: ModelRunner, layers, min_rows: list[float], batch: 
     return min(times)
 
 
-def rows_with(runner: ModelRunner, layers, min_rows: list[float], batch) -> torch.Tensor:
+def use_rows(runner: ModelRunner, layers, min_rows: list[float]) -> None:
+    """Each FP8 layer from its given rows on, and its producers' FP8 outputs to match."""
     for layer, rows in zip(layers, min_rows):
         layer.min_rows = rows
     runner.model.backbone.fuse_fp8_inputs()
+
+
+def rows_with(runner: ModelRunner, layers, min_rows: list[float], batch) -> torch.Tensor:
+    use_rows(runner, layers, min_rows)
     with torch.inference_mode():
         return runner.eager(batch).float()
 
@@ -150,6 +143,9 @@ def largest_vocabulary(backbone: nn.Module) -> int:
 
 
 def probe_sequences(vocabulary: int, window: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(0)
-    lengths = [min(length, window) for length in PROBE_LENGTHS]
+    return random_sequences(vocabulary, [min(length, window) for length in PROBE_LENGTHS], seed=0)
+
+
+def random_sequences(vocabulary: int, lengths: list[int], seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocabulary, (length,), generator=generator).tolist() for length in lengths]

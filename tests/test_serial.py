@@ -1,9 +1,10 @@
 """The suite's turn lock (tests/serial.py): a serial test's turn shares the host with no other test's."""
 
 import multiprocessing
+import shutil
 import time
 
-from tests.serial import host_turn
+from tests.serial import _lock_folder, host_turn
 
 HOLD_S = 0.3
 
@@ -31,6 +32,13 @@ def spans_of(kinds: list[bool]) -> list[tuple[bool, float, float]]:
 
 def test_shared_turns_overlap_and_an_exclusive_one_overlaps_none(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"turns-{tmp_path.name}")  # a lock of this test's own
+    try:
+        check_turns()
+    finally:
+        shutil.rmtree(_lock_folder())
+
+
+def check_turns() -> None:
     shared = spans_of([False, False])
     assert len(shared) == 2 and shared[1][1] < shared[0][2]  # both held at once
     mixed = spans_of([False, True, False, True])
